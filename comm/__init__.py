@@ -1,0 +1,36 @@
+"""zerocomm.comm: a drop-in for ``torch.distributed``.
+
+``import zerocomm.comm as dist`` gives torch.distributed's names, parameters,
+defaults and return values over three backends (gloo, mpi, nccl).  Every
+collective also takes zerocomm's keyword-only ``algorithm=`` ("native", "ring",
+"tree", "recursive_doubling", "auto").  See docs/ for the capability matrix.
+"""
+from .api import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
+                  broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
+from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, InvalidArgumentError,
+                     NotInitializedError, PeerError, UnsupportedError)
+from .group import Group
+from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .process_group import (GroupMember, configure, destroy_process_group, get_backend, get_default_algorithm,
+                            get_global_rank, get_group_rank, get_rank, get_world_size, group, init_process_group,
+                            is_available, is_initialized, new_group, set_default_algorithm, which_algorithm)
+from .reduce_op import ReduceOp
+from .work import Work
+
+#: torch's name for a process group object.
+ProcessGroup = Group
+
+__all__ = [
+    # torch.distributed's surface
+    "init_process_group", "destroy_process_group", "is_initialized", "is_available", "get_rank",
+    "get_world_size", "get_backend", "new_group", "get_global_rank", "get_group_rank", "barrier", "broadcast",
+    "scatter", "reduce", "all_reduce", "gather", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv", "P2POp",
+    "batch_isend_irecv", "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+    "ReduceOp", "group", "GroupMember", "Work", "ProcessGroup",
+    # zerocomm's additions
+    "Group", "set_default_algorithm", "get_default_algorithm", "configure", "which_algorithm",
+    "CommError", "CommTimeoutError", "CollectiveMismatchError", "UnsupportedError", "NotInitializedError",
+    "InvalidArgumentError", "PeerError",
+]

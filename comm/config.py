@@ -1,0 +1,39 @@
+"""Process-wide defaults of the comm layer, and the one place the environment is read.
+
+Environment variables:
+    ZEROCOMM_ALGORITHM      default ``algorithm=`` of every collective ("auto" if unset).
+    ZEROCOMM_SEGMENT_BYTES  pipeline segment size of ring and tree algorithms.
+    ZEROCOMM_DEBUG          "1": exchange a fingerprint before each collective and raise
+                            ``CollectiveMismatchError`` when ranks disagree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+ALGORITHMS = ("native", "ring", "tree", "recursive_doubling", "auto")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CommConfig:
+    algorithm: str = "auto"
+    """Algorithm used when a call does not pass ``algorithm=``: one of ``ALGORITHMS``."""
+    segment_bytes: int = 1 << 20
+    """Bytes per pipelined segment in ring/tree algorithms; smaller pipelines deeper, costs more messages."""
+    debug: bool = False
+    """Cross-rank fingerprint check before each collective (one tiny all_gather per call)."""
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if not isinstance(self.segment_bytes, int) or self.segment_bytes < 1:
+            raise ValueError(f"segment_bytes must be a positive int, got {self.segment_bytes!r}")
+
+    @classmethod
+    def from_env(cls, environ=None) -> "CommConfig":
+        env = os.environ if environ is None else environ
+        return cls(
+            algorithm=env.get("ZEROCOMM_ALGORITHM", "auto") or "auto",
+            segment_bytes=int(env.get("ZEROCOMM_SEGMENT_BYTES", 1 << 20)),
+            debug=env.get("ZEROCOMM_DEBUG", "0") not in ("", "0", "false", "False"),
+        )

@@ -1,0 +1,164 @@
+"""Point-to-point calls of the user: send, recv, isend, irecv, batch_isend_irecv.
+
+They go straight to the transport with the user's tag (below ``USER_TAG_LIMIT``),
+not through the group's executor: tags keep them apart from collectives' messages,
+and torch lets them overlap collectives too.  ``src``/``dst`` are global ranks,
+``group_src``/``group_dst`` ranks within ``group``, as in torch.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Callable, List, Optional
+
+import torch
+
+from . import validate
+from .api import resolve_group
+from .errors import CommTimeoutError, InvalidArgumentError, UnsupportedError
+from .group import Group
+from .transport import USER_TAG_LIMIT, Request
+from .work import Work
+
+
+def _peer(g: Group, global_rank, group_rank, role: str, op: str) -> int:
+    peer = validate.group_rank_of(g, global_rank, group_rank, role, op)
+    if peer == g.rank:
+        raise InvalidArgumentError(f"rank {g.my_global_rank}: {op}: {role} {g.ranks[peer]} is this process itself")
+    return peer
+
+
+def _check(tensor, tag: int, op: str, g: Group) -> None:
+    validate.check_tensor(tensor, "tensor", op, g)
+    if not 0 <= int(tag) < USER_TAG_LIMIT:
+        raise InvalidArgumentError(f"rank {g.my_global_rank}: {op}: tag {tag} must be in [0, {USER_TAG_LIMIT}); "
+                                   "larger tags are reserved for collectives")
+
+
+class _RequestWork(Work):
+    """A ``Work`` over a transport request; completion is observed by a waiter thread only if asked for."""
+
+    def __init__(self, description: str, request: Request, g: Group, outputs, source: Optional[Callable] = None):
+        self._request = request
+        self._group = g
+        self._source = source
+        self._lock = threading.Lock()
+        super().__init__(description, concurrent.futures.Future(), outputs)
+
+    def wait(self, timeout=None) -> bool:
+        from .work import timeout_seconds
+        seconds = timeout_seconds(timeout)
+        if seconds is None:
+            seconds = self._group.timeout.total_seconds()
+        try:
+            self._request.wait(seconds)
+        except TimeoutError as error:
+            raise CommTimeoutError(f"rank {self._group.my_global_rank}: {self._description} on "
+                                   f"{self._group.describe()}: timed out after {seconds * 1000:.0f} ms waiting for "
+                                   f"{error}") from None
+        self._settle(None)
+        return True
+
+    def _settle(self, error) -> None:
+        with self._lock:
+            if not self._future.done():
+                if error is None:
+                    self._future.set_result(None)
+                else:
+                    self._future.set_exception(error)
+
+    def is_completed(self) -> bool:
+        if self._request.test():
+            self._settle(None)
+            return True
+        return False
+
+    def source_rank(self) -> int:
+        return self._source() if self._source is not None else -1
+
+    def get_future(self):
+        if not self._future.done():
+            def waiter():
+                try:
+                    self.wait()
+                except Exception as error:  # handed to the future's consumer
+                    self._settle(error)
+            threading.Thread(target=waiter, daemon=True).start()
+        return super().get_future()
+
+
+def isend(tensor: torch.Tensor, dst: Optional[int] = None, group=None, tag: int = 0,
+          group_dst: Optional[int] = None) -> Optional[Work]:
+    """Start sending ``tensor`` to ``dst``; the returned ``Work`` completes when the buffer may be reused."""
+    g = resolve_group(group, "isend")
+    peer = _peer(g, dst, group_dst, "dst", "isend")
+    _check(tensor, tag, "isend", g)
+    request = g.transport.isend(tensor.view(-1), peer, int(tag))
+    return _RequestWork(f"isend to rank {g.ranks[peer]} (tag {tag})", request, g, [tensor])
+
+
+def irecv(tensor: torch.Tensor, src: Optional[int] = None, group=None, tag: int = 0,
+          group_src: Optional[int] = None) -> Optional[Work]:
+    """Start receiving into ``tensor`` from ``src`` (any rank if both ``src`` and ``group_src`` are None)."""
+    g = resolve_group(group, "irecv")
+    _check(tensor, tag, "irecv", g)
+    if src is None and group_src is None:
+        any_source = getattr(g.transport, "irecv_any", None)
+        if any_source is None:
+            raise UnsupportedError(f"rank {g.my_global_rank}: irecv: backend {g.backend!r} cannot receive from any "
+                                   "source; pass src")
+        request = any_source(tensor.view(-1), int(tag))
+        return _RequestWork(f"irecv from any rank (tag {tag})", request, g, [tensor],
+                            source=lambda: g.ranks[request.source()])
+    peer = _peer(g, src, group_src, "src", "irecv")
+    request = g.transport.irecv(tensor.view(-1), peer, int(tag))
+    return _RequestWork(f"irecv from rank {g.ranks[peer]} (tag {tag})", request, g, [tensor],
+                        source=lambda: g.ranks[peer])
+
+
+def send(tensor: torch.Tensor, dst: Optional[int] = None, group=None, tag: int = 0,
+         group_dst: Optional[int] = None) -> None:
+    """Send ``tensor`` to ``dst`` and wait until its buffer may be reused."""
+    isend(tensor, dst, group, tag, group_dst).wait()
+
+
+def recv(tensor: torch.Tensor, src: Optional[int] = None, group=None, tag: int = 0,
+         group_src: Optional[int] = None) -> int:
+    """Receive into ``tensor``; returns the sender's global rank."""
+    work = irecv(tensor, src, group, tag, group_src)
+    work.wait()
+    return work.source_rank()
+
+
+class P2POp:
+    """One send or receive for ``batch_isend_irecv``: ``op`` is ``isend`` or ``irecv`` (zerocomm's or torch's)."""
+
+    def __init__(self, op: Callable, tensor: torch.Tensor, peer: Optional[int] = None, group=None, tag: int = 0,
+                 group_peer: Optional[int] = None):
+        name = getattr(op, "__name__", "")
+        if name not in ("isend", "irecv"):
+            raise InvalidArgumentError(f"P2POp: op must be isend or irecv, got {op!r}")
+        self.op = isend if name == "isend" else irecv
+        self.tensor = tensor
+        self.peer = peer
+        self.group = group
+        self.tag = tag
+        self.group_peer = group_peer
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
+    """Post every operation of the list (receives first, so no pair can block) and return their ``Work``\\ s."""
+    if not p2p_op_list or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise InvalidArgumentError("batch_isend_irecv: expects a non-empty list of P2POp")
+    order = sorted(range(len(p2p_op_list)), key=lambda i: p2p_op_list[i].op is isend)
+    works: List[Optional[Work]] = [None] * len(p2p_op_list)
+    for index in order:
+        p = p2p_op_list[index]
+        if p.op is isend:
+            works[index] = isend(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+        else:
+            works[index] = irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+    return works  # type: ignore[return-value]

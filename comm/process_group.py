@@ -1,0 +1,204 @@
+"""Initialization, groups and rank queries, with torch.distributed's names and defaults.
+
+Backends: ``gloo`` (CPU, torch's gloo; rendezvous through torch's ``init_method``
+or ``store``), ``mpi`` (CPU, mpi4py; ranks from the MPI launcher) and ``nccl``
+(CUDA).  ``backend=None`` takes ``mpi`` when the process was started by an MPI
+launcher without torch's ``RANK`` variable, else ``gloo``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from typing import List, Optional
+
+import torch
+import torch.distributed as td
+
+from .config import CommConfig
+from .errors import InvalidArgumentError, UnsupportedError
+from .group import DEFAULT_TIMEOUT, NON_GROUP_MEMBER, WORLD, Group
+
+BACKENDS = ("gloo", "mpi", "nccl")
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return WORLD.default is not None
+
+
+def _launched_by_mpi() -> bool:
+    return "RANK" not in os.environ and any(
+        key in os.environ for key in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID"))
+
+
+def _make_transport(backend: str, init_method, timeout, world_size, rank, store):
+    if backend == "mpi":
+        from .backends.mpi import MpiTransport, mpi_available
+        reason = mpi_available()
+        if reason:
+            raise UnsupportedError(f"init_process_group: backend 'mpi' is unavailable: {reason}")
+        return MpiTransport.world()
+    if backend == "gloo":
+        from .backends.gloo import GlooTransport
+        if store is None:
+            store, rank, world_size = next(td.rendezvous(init_method or "env://", rank, world_size, timeout=timeout))
+            store.set_timeout(timeout)
+        elif rank < 0 or world_size < 1:
+            raise InvalidArgumentError(f"init_process_group: with a store, rank ({rank}) and world_size "
+                                       f"({world_size}) must be given")
+        return GlooTransport(td.PrefixStore("zerocomm/world/", store), rank, world_size, timeout)
+    if backend == "nccl":
+        from .backends.nccl import NcclTransport
+        return NcclTransport.create(init_method, timeout, world_size, rank, store)
+    raise InvalidArgumentError(f"init_process_group: backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def init_process_group(backend: Optional[str] = None, init_method: Optional[str] = None, timeout=None,
+                       world_size: int = -1, rank: int = -1, store=None, group_name: str = "", pg_options=None,
+                       device_id=None, _ranks=None) -> None:
+    """Join the default group. Every process of the job calls it once."""
+    if WORLD.default is not None:
+        raise InvalidArgumentError("init_process_group: the default process group is already initialized; "
+                                   "call destroy_process_group() first")
+    if backend is None:
+        backend = "mpi" if _launched_by_mpi() else "gloo"
+    backend = str(backend).lower()
+    timeout = timeout or DEFAULT_TIMEOUT
+    transport = _make_transport(backend, init_method, timeout, world_size, rank, store)
+    if world_size > 0 and transport.size != world_size:
+        raise InvalidArgumentError(f"init_process_group: world_size {world_size} does not match the launcher's "
+                                   f"{transport.size}")
+    WORLD.config = CommConfig.from_env()
+    WORLD.default = Group(list(range(transport.size)), transport.rank, transport, timeout, backend, "world")
+    WORLD.groups["world"] = WORLD.default
+
+
+def destroy_process_group(group=None) -> None:
+    """Destroy ``group``, or every group and the default one when ``group`` is None."""
+    if group is None:
+        WORLD.reset()
+        return
+    if isinstance(group, Group):
+        group.close()
+        WORLD.groups.pop(group.name, None)
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization: bool = False,
+              group_desc=None, device_id=None, sort_ranks: bool = True):
+    """A group over the global ``ranks``. Every process of the world calls it, in the same order.
+
+    Returns the ``Group`` on members and ``NON_GROUP_MEMBER`` elsewhere.
+    """
+    world = WORLD.require("new_group")
+    size = world.size()
+    members: List[int] = list(range(size)) if ranks is None else [int(r) for r in ranks]
+    if sort_ranks:
+        members.sort()
+    bad = [r for r in members if not 0 <= r < size]
+    if bad or len(set(members)) != len(members) or not members:
+        raise InvalidArgumentError(f"rank {world.my_global_rank}: new_group: ranks {list(ranks or [])} must be "
+                                   f"distinct global ranks in [0, {size}); offending: {bad or 'duplicates/empty'}")
+    if backend is not None and str(backend).lower() != world.backend:
+        raise UnsupportedError(f"rank {world.my_global_rank}: new_group: backend {backend!r} differs from the default "
+                               f"group's {world.backend!r}; zerocomm groups share the default group's backend")
+    WORLD.group_count += 1
+    name = f"g{WORLD.group_count}"
+    transport = world.transport.split(members, name)
+    if transport is None:
+        return NON_GROUP_MEMBER
+    group = Group(members, members.index(world.my_global_rank), transport, timeout or world.timeout,
+                  world.backend, name)
+    WORLD.groups[name] = group
+    return group
+
+
+def _group_or_world(group, what: str) -> Optional[Group]:
+    if group is None:
+        return WORLD.require(what)
+    if group is NON_GROUP_MEMBER:
+        WORLD.require(what)
+        return None
+    if isinstance(group, Group):
+        return group
+    raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
+
+
+def get_rank(group=None) -> int:
+    """This process's rank in ``group`` (the default group if None); -1 if it is not a member."""
+    g = _group_or_world(group, "get_rank")
+    return -1 if g is None else g.rank
+
+
+def get_world_size(group=None) -> int:
+    """Number of processes in ``group``; -1 if this process is not a member."""
+    g = _group_or_world(group, "get_world_size")
+    return -1 if g is None else g.size()
+
+
+def get_backend(group=None) -> td.Backend:
+    g = _group_or_world(group, "get_backend")
+    if g is None:
+        raise InvalidArgumentError("get_backend: this process is not a member of the group")
+    return td.Backend(g.backend)
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    """The global rank of ``group``'s rank ``group_rank``."""
+    g = _group_or_world(group, "get_global_rank")
+    if g is None or not 0 <= group_rank < g.size():
+        raise InvalidArgumentError(f"get_global_rank: group rank {group_rank} is not in the group")
+    return g.ranks[group_rank]
+
+
+def get_group_rank(group, global_rank: int) -> int:
+    """``global_rank``'s rank within ``group``."""
+    g = _group_or_world(group, "get_group_rank")
+    if g is None or global_rank not in g.ranks:
+        raise InvalidArgumentError(f"get_group_rank: global rank {global_rank} is not part of the group")
+    return g.ranks.index(global_rank)
+
+
+class _GroupNamespace:
+    """``group.WORLD`` as in torch: the default group once initialized, else None."""
+
+    @property
+    def WORLD(self):  # noqa: N802  (torch's name)
+        return WORLD.default
+
+
+class _GroupMemberNamespace(_GroupNamespace):
+    NON_GROUP_MEMBER = NON_GROUP_MEMBER
+
+
+group = _GroupNamespace()
+GroupMember = _GroupMemberNamespace()
+
+
+def set_default_algorithm(algorithm: str) -> None:
+    """Process-wide default for ``algorithm=`` ("native", "ring", "tree", "recursive_doubling", "auto")."""
+    WORLD.config = dataclasses.replace(WORLD.config, algorithm=algorithm)
+
+
+def get_default_algorithm() -> str:
+    return WORLD.config.algorithm
+
+
+def configure(**fields) -> CommConfig:
+    """Replace fields of the process-wide ``CommConfig`` (``algorithm``, ``segment_bytes``, ``debug``)."""
+    WORLD.config = dataclasses.replace(WORLD.config, **fields)
+    return WORLD.config
+
+
+def which_algorithm(collective: str, tensor: torch.Tensor, op=None, group=None, *,
+                    algorithm: Optional[str] = None) -> str:
+    """The algorithm a call of ``collective`` on ``tensor`` would use (without running it)."""
+    from .reduce_op import op_name
+    from .select import select_algorithm
+    g = _group_or_world(group, "which_algorithm")
+    name = None if op is None else op_name(op, collective=collective, rank=g.my_global_rank)
+    nbytes = tensor.numel() * tensor.element_size()
+    return select_algorithm(collective, g, tensor.dtype, name, nbytes, algorithm, WORLD.config.algorithm)

@@ -1,0 +1,94 @@
+"""Which algorithm serves a call, and why.
+
+Order of precedence: the call's ``algorithm=``, else the process default
+(``set_default_algorithm`` or ``ZEROCOMM_ALGORITHM``), else ``"auto"``.  ``auto``
+looks the call up in ``auto_table.json`` — written by ``benchmarks/tune.py`` from
+measurements on this kind of machine — and takes the first candidate that can serve
+the call.  An explicit algorithm that cannot serve the call raises
+``UnsupportedError`` naming backend, device, collective, algorithm, dtype and what to
+use instead, before any byte moves.  Every decision is logged at DEBUG level on the
+``zerocomm.comm.select`` logger.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from typing import List, Optional
+
+import torch
+
+from .algorithms import ALGORITHMS as _REGISTRY
+from .config import ALGORITHMS
+from .errors import InvalidArgumentError, UnsupportedError
+from .reduce_op import op_admits
+
+log = logging.getLogger("zerocomm.comm.select")
+
+_TABLE_PATH = os.path.join(os.path.dirname(__file__), "auto_table.json")
+_CONCRETE = ("native", "ring", "tree", "recursive_doubling")
+
+
+@functools.lru_cache(maxsize=1)
+def auto_table() -> dict:
+    """``{backend: {collective: [[max_world_size, max_bytes, algorithm], ...]}}``; first matching row wins."""
+    try:
+        with open(_TABLE_PATH) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return {}
+
+
+def refusal(collective: str, transport, dtype: torch.dtype, op: Optional[str], algorithm: str) -> Optional[str]:
+    """``None`` if ``algorithm`` can serve the cell, else the reason it cannot."""
+    if op is not None:
+        reason = op_admits(op, dtype)
+        if reason is not None:
+            return reason
+    if algorithm == "native":
+        return transport.native_support(collective, dtype, op)
+    if (collective, algorithm) not in _REGISTRY:
+        return f"zerocomm has no {algorithm} {collective}"
+    return transport.can_move(dtype)
+
+
+def alternatives(collective: str, transport, dtype: torch.dtype, op: Optional[str], exclude: str) -> List[str]:
+    return [alg for alg in _CONCRETE if alg != exclude and refusal(collective, transport, dtype, op, alg) is None]
+
+
+def _auto(collective: str, transport, dtype, op, nbytes: int) -> str:
+    rows = auto_table().get(transport.name, {}).get(collective, [])
+    for max_world, max_bytes, algorithm in rows:
+        if transport.size <= max_world and nbytes <= max_bytes:
+            if refusal(collective, transport, dtype, op, algorithm) is None:
+                return algorithm
+    for algorithm in _CONCRETE:
+        if refusal(collective, transport, dtype, op, algorithm) is None:
+            return algorithm
+    return "native"  # nothing serves it: let the explicit path raise the clear error
+
+
+def select_algorithm(collective: str, group, dtype: torch.dtype, op: Optional[str], nbytes: int,
+                     requested: Optional[str], default: str) -> str:
+    """The algorithm that runs this call on ``group``; raises ``UnsupportedError`` if the request cannot."""
+    choice = requested if requested is not None else default
+    if choice not in ALGORITHMS:
+        raise InvalidArgumentError(
+            f"rank {group.my_global_rank}: {collective}: algorithm must be one of {ALGORITHMS}, got {choice!r}")
+    transport = group.transport
+    source = "explicit" if requested is not None else "default"
+    if choice == "auto":
+        choice, source = _auto(collective, transport, dtype, op, nbytes), "auto table"
+    reason = refusal(collective, transport, dtype, op, choice)
+    if reason is not None:
+        others = alternatives(collective, transport, dtype, op, choice)
+        instead = (f"use algorithm={' or '.join(repr(a) for a in others)} instead" if others
+                   else "no algorithm serves this cell; use another dtype or op")
+        raise UnsupportedError(
+            f"rank {group.my_global_rank}: {collective} is unsupported on backend {transport.name!r} "
+            f"(device {transport.device_type}) with algorithm={choice!r}, dtype {dtype}"
+            f"{'' if op is None else f', op {op.upper()}'}: {reason}; {instead}")
+    log.debug("%s: %d B %s on %s group of %d -> %s (%s)", collective, nbytes, dtype, transport.name,
+              transport.size, choice, source)
+    return choice
