@@ -6,7 +6,7 @@ collective also takes zerocomm's keyword-only ``algorithm=`` ("native", "ring",
 "tree", "recursive_doubling", "auto").  See docs/ for the capability matrix.
 """
 from .api import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
-                  broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
+                  broadcast, compressed_all_reduce, count_bytes, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
 from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, InvalidArgumentError,
                      NotInitializedError, PeerError, UnsupportedError)
 from .group import Group
@@ -30,7 +30,7 @@ __all__ = [
     "batch_isend_irecv", "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
     "ReduceOp", "group", "GroupMember", "Work", "ProcessGroup",
     # zerocomm's additions
-    "Group", "set_default_algorithm", "get_default_algorithm", "configure", "which_algorithm",
+    "Group", "compressed_all_reduce", "count_bytes", "set_default_algorithm", "get_default_algorithm", "configure", "which_algorithm",
     "CommError", "CommTimeoutError", "CollectiveMismatchError", "UnsupportedError", "NotInitializedError",
     "InvalidArgumentError", "PeerError",
 ]

@@ -20,10 +20,11 @@ import torch
 
 from . import validate
 from .algorithms import ALGORITHMS as _REGISTRY
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .reduce_op import ReduceOp, op_name
 from .select import select_algorithm
+from .traffic import CountingTransport, TrafficCounter, estimate_native, now, observing, start_record
 from .work import Work, timeout_seconds
 
 
@@ -52,7 +53,9 @@ def _launch(collective: str, group: Group, args: tuple, *, dtype: torch.dtype, o
     """Select the algorithm and run it on the group's executor."""
     config = WORLD.config
     chosen = select_algorithm(collective, group, dtype, op, nbytes, algorithm, config.algorithm)
-    transport = group.transport
+    observers = list(WORLD.observers)
+    record = start_record(observers, collective, group, chosen, nbytes)
+    transport = group.transport if record is None else CountingTransport(group.transport, record)
     segment_bytes = config.segment_bytes
     if chosen == "native":
         def run(tag, deadline):
@@ -68,11 +71,35 @@ def _launch(collective: str, group: Group, args: tuple, *, dtype: torch.dtype, o
     def body(tag: int, deadline: Optional[float]) -> None:
         if debug:
             validate.cross_check(group, validate.fingerprint(tag, collective, numel, dtype, root, chosen), deadline)
-        run(tag, deadline)
+        if record is None:
+            run(tag, deadline)
+        else:
+            record.start_s = now()
+            for observer in observers:
+                observer.on_start(record)
+            run(tag, deadline)
+            record.end_s = now()
+            if chosen == "native":
+                estimate_native(record)
+            for observer in observers:
+                observer.on_end(record)
         if after is not None:
             after()
 
     return group.run(collective, body, async_op, outputs=list(outputs), timeout=timeout)
+
+
+def count_bytes():
+    """Context manager counting the bytes this rank sends and receives, per op::
+
+        with dist.count_bytes() as counter:
+            dist.all_reduce(t, algorithm="ring")
+        counter.per_op["all_reduce"].bytes_sent
+
+    zerocomm's own algorithms are measured message by message; native collectives are counted as the
+    bandwidth-optimal schedule's bytes and flagged ``measured=False``.
+    """
+    return observing(WORLD, TrafficCounter())
 
 
 def _op(op, collective: str, group: Group) -> str:
@@ -91,8 +118,22 @@ def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group=None, async
                    outputs=[tensor], numel=tensor.numel(), root=root)
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, algorithm: Optional[str] = None):
-    """Reduce ``tensor`` across ``group`` with ``op``, in place on every rank. Every member calls it."""
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, algorithm: Optional[str] = None,
+               compression: Optional[str] = None, compression_state=None):
+    """Reduce ``tensor`` across ``group`` with ``op``, in place on every rank. Every member calls it.
+
+    ``compression="onebit"`` runs :func:`compressed_all_reduce` (``op`` must be AVG: it computes the mean)
+    with the caller's ``compression_state`` (a ``zerocomm.ops.ErrorFeedback``).
+    """
+    if compression is not None:
+        g = resolve_group(group, "all_reduce")
+        if compression != "onebit":
+            raise InvalidArgumentError(f"rank {g.my_global_rank}: all_reduce: compression must be None or "
+                                       f"'onebit', got {compression!r}")
+        if _op(op, "all_reduce", g) != "avg":
+            raise UnsupportedError(f"rank {g.my_global_rank}: all_reduce with compression='onebit' computes the "
+                                   f"mean over ranks; pass op=ReduceOp.AVG (got {op}), or compression=None")
+        return compressed_all_reduce(tensor, compression_state, group=g, async_op=async_op, algorithm=algorithm)
     g = resolve_group(group, "all_reduce")
     name = _op(op, "all_reduce", g)
     validate.check_tensor(tensor, "tensor", "all_reduce", g)
@@ -296,3 +337,68 @@ def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None, *
     limit = None if timeout_seconds(timeout) is None else datetime.timedelta(seconds=timeout_seconds(timeout))
     return _launch("barrier", g, (), dtype=torch.uint8, op=None, nbytes=0, algorithm=algorithm,
                    async_op=async_op, outputs=[], numel=0, timeout=limit)
+
+
+def compressed_all_reduce(tensor: torch.Tensor, state, group=None, async_op: bool = False, *,
+                          algorithm: Optional[str] = None):
+    """Replace ``tensor`` on every rank by the **mean** over ``group``, sent with 1-bit compression.
+
+    ``state`` is this rank's ``zerocomm.ops.ErrorFeedback`` for this tensor (one per tensor or bucket; the
+    caller owns it and may checkpoint it with ``state_dict()``).  The sub-collectives run with ``algorithm``:
+    "native", "ring", or "tree" (tree all_gather; the all_to_all is the pairwise exchange, which has no tree
+    form).  Floating dtypes only; half inputs are compressed through float32.
+    """
+    from ..ops.onebit import ErrorFeedback
+    from .algorithms.compressed import all_reduce_onebit
+    g = resolve_group(group, "compressed_all_reduce")
+    validate.check_tensor(tensor, "tensor", "compressed_all_reduce", g)
+    if not tensor.dtype.is_floating_point:
+        raise UnsupportedError(f"rank {g.my_global_rank}: compressed_all_reduce on backend {g.backend!r} "
+                               f"(device {g.transport.device_type}), dtype {tensor.dtype}: 1-bit compression "
+                               "needs a floating dtype; use all_reduce without compression")
+    if not isinstance(state, ErrorFeedback):
+        raise InvalidArgumentError(f"rank {g.my_global_rank}: compressed_all_reduce: state must be a "
+                                   f"zerocomm.ops.ErrorFeedback (one per tensor), got {type(state).__name__}")
+    inner = algorithm if algorithm is not None else WORLD.config.algorithm
+    inner = "native" if inner == "auto" else inner
+    if inner not in ("native", "ring", "tree"):
+        raise UnsupportedError(f"rank {g.my_global_rank}: compressed_all_reduce on backend {g.backend!r} cannot run "
+                               f"over algorithm={inner!r}; use 'native', 'ring' or 'tree'")
+    config = WORLD.config
+    steps = {}
+    for step, wanted in (("all_to_all", "ring" if inner == "tree" else inner), ("all_gather", inner)):
+        select_algorithm(step, g, torch.uint8, None, tensor.numel() // 8, wanted, config.algorithm)
+        steps[step] = wanted
+    nbytes = tensor.numel() * tensor.element_size()
+    observers = list(WORLD.observers)
+    record = start_record(observers, "compressed_all_reduce", g, inner, nbytes)
+    transport = g.transport if record is None else CountingTransport(g.transport, record)
+
+    def bind(step: str):
+        if steps[step] == "native":
+            return getattr(transport, f"native_{step}")
+        function = _REGISTRY[(step, steps[step])]
+        return lambda *args, **kw: function(transport, *args, **kw)
+
+    flat = _flat(tensor)
+
+    def body(tag: int, deadline: Optional[float]) -> None:
+        if config.debug:
+            validate.cross_check(g, validate.fingerprint(tag, "compressed_all_reduce", tensor.numel(), tensor.dtype,
+                                                         -1, inner), deadline)
+        if record is not None:
+            record.start_s = now()
+        all_reduce_onebit(transport, flat, state, all_to_all=bind("all_to_all"), all_gather=bind("all_gather"),
+                          tag=tag, deadline=deadline, segment_bytes=config.segment_bytes)
+        if record is not None:
+            record.end_s = now()
+            if inner == "native":  # the backend's bytes are invisible: the schedule's two collectives
+                from ..ops.onebit import onebit_padded_numel
+                row = onebit_padded_numel(tensor.numel(), g.size()) // g.size() // 8 + (
+                    8 if tensor.dtype == torch.float64 else 4)
+                record.bytes_sent = record.bytes_received = 2 * (g.size() - 1) * row
+                record.measured = False
+            for observer in observers:
+                observer.on_end(record)
+
+    return g.run("compressed_all_reduce", body, async_op, outputs=[tensor])

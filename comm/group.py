@@ -184,6 +184,8 @@ class World:
         self.groups: Dict[str, Group] = {}
         self.group_count = 0
         self._config: Optional[CommConfig] = None
+        #: Call observers (byte counters, the profiler); see ``traffic.py``.
+        self.observers: list = []
 
     @property
     def config(self) -> CommConfig:

@@ -93,7 +93,8 @@ def isend(tensor: torch.Tensor, dst: Optional[int] = None, group=None, tag: int 
     g = resolve_group(group, "isend")
     peer = _peer(g, dst, group_dst, "dst", "isend")
     _check(tensor, tag, "isend", g)
-    request = g.transport.isend(tensor.view(-1), peer, int(tag))
+    send_user = getattr(g.transport, "user_isend", g.transport.isend)  # NCCL keeps user p2p apart
+    request = send_user(tensor.view(-1), peer, int(tag))
     return _RequestWork(f"isend to rank {g.ranks[peer]} (tag {tag})", request, g, [tensor])
 
 
@@ -111,7 +112,8 @@ def irecv(tensor: torch.Tensor, src: Optional[int] = None, group=None, tag: int 
         return _RequestWork(f"irecv from any rank (tag {tag})", request, g, [tensor],
                             source=lambda: g.ranks[request.source()])
     peer = _peer(g, src, group_src, "src", "irecv")
-    request = g.transport.irecv(tensor.view(-1), peer, int(tag))
+    recv_user = getattr(g.transport, "user_irecv", g.transport.irecv)
+    request = recv_user(tensor.view(-1), peer, int(tag))
     return _RequestWork(f"irecv from rank {g.ranks[peer]} (tag {tag})", request, g, [tensor],
                         source=lambda: g.ranks[peer])
 

@@ -78,15 +78,19 @@ class Transport(abc.ABC):
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         """Post a receive into the contiguous ``tensor`` from ``peer``; it must have the sender's byte size."""
 
-    def can_move(self, dtype: torch.dtype) -> Optional[str]:
+    @classmethod
+    def can_move(cls, dtype: torch.dtype) -> Optional[str]:
         """``None`` if ``isend``/``irecv`` can move tensors of ``dtype``, else why not."""
         return None
 
-    def native_support(self, collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
-        """``None`` if the backend's own ``collective`` serves (dtype, op); else why not."""
-        return f"{self.name} has no native {collective}"
+    @classmethod
+    def native_support(cls, collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
+        """``None`` if the backend's own ``collective`` serves (dtype, op); else why not.  Class-level, so the
+        capability matrix can ask without a communicator."""
+        return f"{cls.name} has no native {collective}"
 
-    def native_table(self) -> dict:
+    @classmethod
+    def native_table(cls) -> dict:
         """``{collective: "native" | "composed: how" | "none: why"}`` for docs and the capability matrix."""
         return {}
 

@@ -115,10 +115,12 @@ class GlooTransport(Transport):
         self.pg = None
 
     # -- what gloo supports -----------------------------------------------------------
-    def native_support(self, collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
+    @classmethod
+    def native_support(cls, collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
         return None  # torch's gloo serves every dtype and op zerocomm admits (probed; see NATIVE_TABLE)
 
-    def native_table(self) -> dict:
+    @classmethod
+    def native_table(cls) -> dict:
         return dict(NATIVE_TABLE)
 
     # -- native collectives: same arguments as the algorithms, blocking ---------------

@@ -191,10 +191,12 @@ class MpiTransport(Transport):
         self._user_ops.clear()
 
     # -- what MPI supports ------------------------------------------------------------
-    def native_support(self, collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
+    @classmethod
+    def native_support(cls, collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
         return None  # every admitted (dtype, op) cell: MPI types, or a zerocomm user-defined op
 
-    def native_table(self) -> dict:
+    @classmethod
+    def native_table(cls) -> dict:
         return dict(NATIVE_TABLE)
 
     # -- native collectives: same arguments as the algorithms, blocking ---------------

@@ -1,0 +1,82 @@
+"""Collective algorithms written once over :class:`~zerocomm.comm.transport.Transport`, and their registry.
+
+``ALGORITHMS[(collective, algorithm)]`` is the function that runs ``collective`` with
+``algorithm``; a missing cell (e.g. ``("gather", "ring")``) is not implemented, and the
+selection layer turns its absence into an ``UnsupportedError`` that names an alternative.
+Every function takes the transport first, the collective's buffers, then keyword-only
+``tag``, ``deadline`` and ``segment_bytes``, and returns ``None``.  Signatures by collective:
+
+=============== =====================================================================
+all_reduce      ``f(t, tensor, op, *, ...)``
+broadcast       ``f(t, tensor, root, *, ...)``
+reduce          ``f(t, tensor, op, root, *, ...)``
+all_gather      ``f(t, output, input, *, ...)``
+gather          ``f(t, output_or_None, input, root, *, ...)``
+scatter         ``f(t, output, input_or_None, root, *, ...)``
+reduce_scatter  ``f(t, output, input, op, *, ...)``
+all_to_all      ``f(t, output, input, out_counts, in_counts, *, ...)``
+barrier         ``f(t, *, ...)``
+=============== =====================================================================
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .ring import (
+    all_gather_ring,
+    all_reduce_ring,
+    all_to_all_ring,
+    broadcast_ring,
+    reduce_ring,
+    reduce_scatter_ring,
+)
+from .tree import (
+    all_gather_tree,
+    all_reduce_recursive_doubling,
+    all_reduce_tree,
+    barrier_tree,
+    broadcast_tree,
+    gather_tree,
+    reduce_scatter_tree,
+    reduce_tree,
+    scatter_tree,
+)
+
+#: Every collective an algorithm may serve, in the order tables list them.
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
+    "barrier",
+)
+
+ALGORITHMS: dict[tuple[str, str], Callable[..., None]] = {
+    ("all_reduce", "ring"): all_reduce_ring,
+    ("all_reduce", "tree"): all_reduce_tree,
+    ("all_reduce", "recursive_doubling"): all_reduce_recursive_doubling,
+    ("broadcast", "ring"): broadcast_ring,
+    ("broadcast", "tree"): broadcast_tree,
+    ("reduce", "ring"): reduce_ring,
+    ("reduce", "tree"): reduce_tree,
+    ("all_gather", "ring"): all_gather_ring,
+    ("all_gather", "tree"): all_gather_tree,
+    ("gather", "tree"): gather_tree,
+    ("scatter", "tree"): scatter_tree,
+    ("reduce_scatter", "ring"): reduce_scatter_ring,
+    ("reduce_scatter", "tree"): reduce_scatter_tree,
+    ("all_to_all", "ring"): all_to_all_ring,
+    ("barrier", "tree"): barrier_tree,
+}
+
+
+def algorithms_for(collective: str) -> list[str]:
+    """The algorithm names registered for ``collective``, in registration order (``[]`` if none)."""
+    return [algo for (coll, algo) in ALGORITHMS if coll == collective]
+
+
+__all__ = ["ALGORITHMS", "COLLECTIVES", "algorithms_for"] + sorted({fn.__name__ for fn in ALGORITHMS.values()})

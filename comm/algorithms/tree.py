@@ -1,0 +1,420 @@
+"""Binomial-tree and recursive-doubling algorithms, written once over the Transport.
+
+Terms.  A tree is rooted anywhere: ranks are renumbered to *virtual ranks*
+``v = (rank - root) mod n`` so the root is ``v = 0``.  In the binomial tree over ``n`` ranks
+(any ``n``, not only powers of two) the parent of ``v > 0`` is ``v`` with its lowest set bit
+cleared, and the children of ``v`` are ``v + m`` for ``m = 1, 2, 4, ...`` below ``v``'s lowest
+set bit (below ``n`` for the root) while ``v + m < n``.  ``v``'s *subtree* is the virtual ranks
+``v .. v + size - 1`` with ``size = min(lowbit(v), n - v)``, so a subtree's blocks are
+contiguous in virtual order.  Depth is ``ceil(log2 n)``: latency-optimal for small buffers.
+
+A *segment* is a pipelined piece of at most ``segment_bytes``: broadcast forwards segment
+``k`` to the children as soon as it has arrived, reduce sends segment ``k`` up as soon as the
+children's segment ``k`` has been combined into it, so the levels of the tree overlap.
+gather/scatter move a subtree's blocks as one segmented message per edge.
+
+Recursive doubling (all_reduce): with ``p`` the largest power of two ``<= n`` and
+``rem = n - p``, the first ``2 rem`` ranks fold in pairwise (even ``r`` hands its data to
+``r + 1`` and sits out), the ``p`` remaining ranks exchange whole buffers with partner
+``rank XOR 2^i`` for ``i = 0 .. log2 p - 1``, and the folded ranks get the result back.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...ops.reduce import finalize_, reduce_
+from ..transport import Request, Transport, remaining, wait_all
+from .common import (
+    check_numel,
+    check_op,
+    check_root,
+    check_same_dtype,
+    flat,
+    recv_segmented,
+    same_memory,
+    scratch,
+    segment_elems,
+    segments,
+    send_segmented,
+)
+
+
+def _lowbit(v: int) -> int:
+    return v & -v
+
+
+def _subtree_size(v: int, n: int) -> int:
+    """Ranks in virtual rank ``v``'s subtree (``v`` itself included)."""
+    return n if v == 0 else min(_lowbit(v), n - v)
+
+
+def _children(v: int, n: int) -> list[int]:
+    """Virtual children of ``v``, smallest subtree first."""
+    limit = n if v == 0 else _lowbit(v)
+    kids, m = [], 1
+    while m < limit and v + m < n:
+        kids.append(v + m)
+        m <<= 1
+    return kids
+
+
+def _parent(v: int) -> int:
+    return v - _lowbit(v)
+
+
+def broadcast_tree(
+    t: Transport, tensor: torch.Tensor, root: int, *, tag: int, deadline: Optional[float], segment_bytes: int
+) -> None:
+    """Copy ``root``'s ``tensor`` into every rank's ``tensor`` down a pipelined binomial tree."""
+    buf = flat(t, tensor, "tensor", "broadcast")
+    check_root(t, root, "broadcast")
+    _broadcast(t, buf, root, tag, deadline, segment_bytes)
+
+
+def _broadcast(t: Transport, buf: torch.Tensor, root: int, tag: int, deadline: Optional[float], segment_bytes: int) -> None:
+    n = t.size
+    if n == 1 or buf.numel() == 0:
+        return
+    v = (t.rank - root) % n
+    # Largest subtree first: it has the longest way still to go.
+    kids = [(c + root) % n for c in reversed(_children(v, n))]
+    segs = segments(0, buf.numel(), segment_elems(buf, segment_bytes))
+    recvs: list[Request] = []
+    if v != 0:
+        recvs = recv_segmented(t, buf, (_parent(v) + root) % n, tag, segment_elems(buf, segment_bytes))
+    sends: list[Request] = []
+    for k, (lo, hi) in enumerate(segs):
+        if recvs:
+            recvs[k].wait(remaining(deadline))
+        sends.extend(t.isend(buf[lo:hi], kid, tag) for kid in kids)
+    wait_all(sends, deadline)
+
+
+def reduce_tree(
+    t: Transport,
+    tensor: torch.Tensor,
+    op: str,
+    root: int,
+    *,
+    tag: int,
+    deadline: Optional[float],
+    segment_bytes: int,
+) -> None:
+    """Reduce every rank's ``tensor`` into ``root``'s up a pipelined binomial tree; non-root tensors are unchanged."""
+    buf = flat(t, tensor, "tensor", "reduce")
+    check_root(t, root, "reduce")
+    check_op(t, op, buf.dtype, "reduce")
+    _reduce(t, buf, op, root, tag, deadline, segment_bytes, clobber=False)
+
+
+def _reduce(
+    t: Transport,
+    buf: torch.Tensor,
+    op: str,
+    root: int,
+    tag: int,
+    deadline: Optional[float],
+    segment_bytes: int,
+    clobber: bool,
+) -> None:
+    """The binomial reduce; with ``clobber`` inner ranks may accumulate in ``buf`` itself (saves a copy)."""
+    n = t.size
+    v = (t.rank - root) % n
+    if n == 1 or buf.numel() == 0:
+        if v == 0:
+            finalize_(buf, op, n)
+        return
+    kids = [(c + root) % n for c in _children(v, n)]  # smallest subtree first: it is ready first
+    parent = (_parent(v) + root) % n if v != 0 else None
+    segs = segments(0, buf.numel(), segment_elems(buf, segment_bytes))
+    longest = segs[0][1] - segs[0][0]
+    # Two receive slots per child, double-buffered by segment: (k+1)'s receive is posted while k is combined.
+    slots = {kid: [scratch(buf, longest) for _ in range(min(2, len(segs)))] for kid in kids}
+    own_acc = v == 0 or clobber or not kids
+    acc_slots = [] if own_acc else [scratch(buf, longest) for _ in range(min(2, len(segs)))]
+    recvs: dict[tuple[int, int], Request] = {}
+    sends: dict[int, Request] = {}
+
+    def post_recv(kid: int, k: int) -> None:
+        lo, hi = segs[k]
+        recvs[(kid, k)] = t.irecv(slots[kid][k % 2][: hi - lo], kid, tag)
+
+    for kid in kids:
+        post_recv(kid, 0)
+    for k, (lo, hi) in enumerate(segs):
+        if k + 1 < len(segs):
+            for kid in kids:
+                post_recv(kid, k + 1)
+        if own_acc:
+            acc = buf[lo:hi]
+        else:
+            prior = sends.pop(k - 2, None)  # the slot last carried segment k-2 up
+            if prior is not None:
+                prior.wait(remaining(deadline))
+            acc = acc_slots[k % 2][: hi - lo]
+            acc.copy_(buf[lo:hi])
+        for kid in kids:
+            recvs.pop((kid, k)).wait(remaining(deadline))
+            reduce_(acc, slots[kid][k % 2][: hi - lo], op)
+        if parent is not None:
+            sends[k] = t.isend(acc, parent, tag)
+    wait_all(list(sends.values()), deadline)
+    if v == 0:
+        finalize_(buf, op, n)
+
+
+def all_reduce_tree(
+    t: Transport, tensor: torch.Tensor, op: str, *, tag: int, deadline: Optional[float], segment_bytes: int
+) -> None:
+    """Reduce ``tensor`` in place on every rank: binomial reduce to rank 0, then binomial broadcast."""
+    buf = flat(t, tensor, "tensor", "all_reduce")
+    check_op(t, op, buf.dtype, "all_reduce")
+    _reduce(t, buf, op, 0, tag, deadline, segment_bytes, clobber=True)
+    _broadcast(t, buf, 0, tag, deadline, segment_bytes)
+
+
+def all_reduce_recursive_doubling(
+    t: Transport, tensor: torch.Tensor, op: str, *, tag: int, deadline: Optional[float], segment_bytes: int
+) -> None:
+    """Reduce ``tensor`` in place on every rank in ``ceil(log2 n)`` (+2 when ``n`` is not a power of two) exchanges.
+
+    Latency-optimal; each exchange moves the whole buffer, so it suits small tensors.  Scratch is one buffer.
+    """
+    buf = flat(t, tensor, "tensor", "all_reduce")
+    check_op(t, op, buf.dtype, "all_reduce")
+    n, r = t.size, t.rank
+    if n == 1 or buf.numel() == 0:
+        finalize_(buf, op, n)
+        return
+    seg = segment_elems(buf, segment_bytes)
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    incoming = scratch(buf, buf.numel())
+    # Fold in: among the first 2*rem ranks, even r hands its data to r+1 and sits out.
+    if r < 2 * rem and r % 2 == 0:
+        wait_all(send_segmented(t, buf, r + 1, tag, seg), deadline)
+        newrank = -1
+    elif r < 2 * rem:
+        wait_all(recv_segmented(t, incoming, r - 1, tag, seg), deadline)
+        reduce_(buf, incoming, op)
+        newrank = r // 2
+    else:
+        newrank = r - rem
+    if newrank >= 0:
+        mask = 1
+        while mask < p:
+            partner_new = newrank ^ mask
+            peer = partner_new * 2 + 1 if partner_new < rem else partner_new + rem
+            recvs = recv_segmented(t, incoming, peer, tag, seg)
+            sends = send_segmented(t, buf, peer, tag, seg)
+            for k, (lo, hi) in enumerate(segments(0, buf.numel(), seg)):
+                sends[k].wait(remaining(deadline))  # buf[lo:hi] is about to change
+                recvs[k].wait(remaining(deadline))
+                reduce_(buf[lo:hi], incoming[lo:hi], op)
+            mask <<= 1
+    # Fold out: the result goes back to the ranks that sat out.
+    if r < 2 * rem and r % 2 == 1:
+        wait_all(send_segmented(t, buf, r - 1, tag, seg), deadline)
+    elif r < 2 * rem:
+        wait_all(recv_segmented(t, buf, r + 1, tag, seg), deadline)
+    finalize_(buf, op, n)
+
+
+def gather_tree(
+    t: Transport,
+    output: Optional[torch.Tensor],
+    input: torch.Tensor,
+    root: int,
+    *,
+    tag: int,
+    deadline: Optional[float],
+    segment_bytes: int,
+) -> None:
+    """Gather every rank's ``input`` (``m`` elements) into ``root``'s ``output`` (``n * m``; ``None`` elsewhere).
+
+    Each rank sends its whole subtree's blocks to its parent in one segmented message.
+    """
+    inp = flat(t, input, "input", "gather")
+    check_root(t, root, "gather")
+    out = None
+    if t.rank == root:
+        out = flat(t, output, "output", "gather")
+        check_same_dtype(t, out, inp, "gather")
+        check_numel(t, out, t.size * inp.numel(), "output (world size x input numel)", "gather")
+    _gather(t, out, inp, root, tag, deadline, segment_bytes)
+
+
+def _gather(
+    t: Transport,
+    out: Optional[torch.Tensor],
+    inp: torch.Tensor,
+    root: int,
+    tag: int,
+    deadline: Optional[float],
+    segment_bytes: int,
+) -> None:
+    n, m = t.size, inp.numel()
+    v = (t.rank - root) % n
+    if n == 1:
+        if not same_memory(out, inp):
+            out.copy_(inp)
+        return
+    if m == 0:
+        return
+    seg = segment_elems(inp, segment_bytes)
+    size = _subtree_size(v, n)
+    # buf holds blocks v .. v+size-1 in virtual order; the root's virtual order is real order only when root == 0.
+    if v == 0 and root == 0:
+        buf = out
+    elif size == 1:
+        buf = inp
+    else:
+        buf = scratch(inp, size * m)
+    if not same_memory(buf[:m], inp):
+        buf[:m].copy_(inp)
+    recvs: list[Request] = []
+    for c in _children(v, n):
+        lo = (c - v) * m
+        recvs += recv_segmented(t, buf[lo : lo + _subtree_size(c, n) * m], (c + root) % n, tag, seg)
+    wait_all(recvs, deadline)
+    if v != 0:
+        wait_all(send_segmented(t, buf, (_parent(v) + root) % n, tag, seg), deadline)
+    elif root != 0:
+        # Virtual block i is rank (i + root) mod n: rotate back into rank order.
+        split = (n - root) * m
+        out[root * m :].copy_(buf[:split])
+        out[: root * m].copy_(buf[split:])
+
+
+def scatter_tree(
+    t: Transport,
+    output: torch.Tensor,
+    input: Optional[torch.Tensor],
+    root: int,
+    *,
+    tag: int,
+    deadline: Optional[float],
+    segment_bytes: int,
+) -> None:
+    """Send chunk ``r`` of ``root``'s ``input`` (``n * m``; ``None`` elsewhere) to rank ``r``'s ``output`` (``m``).
+
+    Each rank receives its whole subtree's blocks from its parent and passes the children theirs.
+    """
+    out = flat(t, output, "output", "scatter")
+    check_root(t, root, "scatter")
+    inp = None
+    if t.rank == root:
+        inp = flat(t, input, "input", "scatter")
+        check_same_dtype(t, out, inp, "scatter")
+        check_numel(t, inp, t.size * out.numel(), "input (world size x output numel)", "scatter")
+    _scatter(t, out, inp, root, tag, deadline, segment_bytes)
+
+
+def _scatter(
+    t: Transport,
+    out: torch.Tensor,
+    inp: Optional[torch.Tensor],
+    root: int,
+    tag: int,
+    deadline: Optional[float],
+    segment_bytes: int,
+) -> None:
+    n, m = t.size, out.numel()
+    v = (t.rank - root) % n
+    if n == 1:
+        if not same_memory(out, inp):
+            out.copy_(inp)
+        return
+    if m == 0:
+        return
+    seg = segment_elems(out, segment_bytes)
+    size = _subtree_size(v, n)
+    if v == 0 and root == 0:
+        buf = inp
+    elif v == 0:
+        # Virtual order starts at the root's own chunk.
+        buf = torch.cat([inp[root * m :], inp[: root * m]])
+    elif size == 1:
+        buf = out
+    else:
+        buf = scratch(out, size * m)
+    if v != 0:
+        wait_all(recv_segmented(t, buf, (_parent(v) + root) % n, tag, seg), deadline)
+    sends: list[Request] = []
+    for c in _children(v, n):  # largest subtree first: it has the longest way to go
+        lo = (c - v) * m
+        sends += send_segmented(t, buf[lo : lo + _subtree_size(c, n) * m], (c + root) % n, tag, seg)
+    if not same_memory(out, buf[:m]):
+        out.copy_(buf[:m])
+    wait_all(sends, deadline)
+
+
+def all_gather_tree(
+    t: Transport, output: torch.Tensor, input: torch.Tensor, *, tag: int, deadline: Optional[float], segment_bytes: int
+) -> None:
+    """Every rank's ``input`` (``m``) into every rank's ``output`` (``n * m``): binomial gather to rank 0, then broadcast.
+
+    ``input`` may be ``output``'s own chunk (in place).
+    """
+    out = flat(t, output, "output", "all_gather")
+    inp = flat(t, input, "input", "all_gather")
+    check_same_dtype(t, out, inp, "all_gather")
+    check_numel(t, out, t.size * inp.numel(), "output (world size x input numel)", "all_gather")
+    # Non-roots' output is not written until the broadcast, after their input has been sent.
+    _gather(t, out if t.rank == 0 else None, inp, 0, tag, deadline, segment_bytes)
+    _broadcast(t, out, 0, tag, deadline, segment_bytes)
+
+
+def reduce_scatter_tree(
+    t: Transport,
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: str,
+    *,
+    tag: int,
+    deadline: Optional[float],
+    segment_bytes: int,
+) -> None:
+    """Reduce ``input`` (``n * m``) across ranks; rank ``r`` gets chunk ``r`` in ``output`` (``m``).
+
+    Binomial reduce to rank 0 (which reduces into a copy, so no ``input`` is modified), then
+    binomial scatter.  ``output`` may be ``input``'s own chunk.
+    """
+    out = flat(t, output, "output", "reduce_scatter")
+    inp = flat(t, input, "input", "reduce_scatter")
+    check_same_dtype(t, out, inp, "reduce_scatter")
+    check_op(t, op, inp.dtype, "reduce_scatter")
+    check_numel(t, inp, t.size * out.numel(), "input (world size x output numel)", "reduce_scatter")
+    n = t.size
+    if n == 1:
+        if not same_memory(out, inp):
+            out.copy_(inp)
+        finalize_(out, op, n)
+        return
+    if out.numel() == 0:
+        return
+    if t.rank == 0:
+        total = inp.clone()
+        _reduce(t, total, op, 0, tag, deadline, segment_bytes, clobber=True)
+    else:
+        total = None
+        _reduce(t, inp, op, 0, tag, deadline, segment_bytes, clobber=False)
+    _scatter(t, out, total, 0, tag, deadline, segment_bytes)
+
+
+def barrier_tree(t: Transport, *, tag: int, deadline: Optional[float], segment_bytes: int) -> None:
+    """Return once every rank has entered: 1-byte tokens up a binomial tree to rank 0, then back down."""
+    n = t.size
+    if n == 1:
+        return
+    v = t.rank
+    kids = _children(v, n)
+    tokens = torch.zeros(len(kids) + 1, dtype=torch.uint8, device=t.device_type)
+    wait_all([t.irecv(tokens[i : i + 1], kid, tag) for i, kid in enumerate(kids)], deadline)
+    if v != 0:
+        parent = _parent(v)
+        wait_all([t.isend(tokens[-1:], parent, tag)], deadline)
+        wait_all([t.irecv(tokens[-1:], parent, tag)], deadline)
+    wait_all([t.isend(tokens[-1:], kid, tag) for kid in kids], deadline)

@@ -1,0 +1,201 @@
+"""The NCCL backend: CUDA tensors over torch's ``ProcessGroupNCCL``.
+
+Nothing here touches CUDA or NCCL at import time; ``NcclTransport.create`` does,
+when ``init_process_group("nccl")`` runs.  One device per rank, from ``LOCAL_RANK``
+(else the global rank modulo the device count).
+
+[Note: streams]  NCCL work runs on torch's internal NCCL streams.  ``wait()`` on a
+torch NCCL ``Work`` makes the *current* stream wait for it without blocking the
+host, which is what a ring needs: the local reduction that follows a receive is
+queued on the current stream after it.  A deadline is therefore enforced by the
+process group's own timeout (its watchdog aborts a stuck collective), not by a
+host-side poll.
+
+[Note: tags]  NCCL point-to-point has no tags: messages between two ranks match in
+issue order.  Algorithms use their own communicator (``pg``) and user send/recv
+another (``p2p_pg``), so the two streams of messages never cross.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as td
+
+from ...ops.reduce import finalize_
+from ..transport import Request, Transport
+
+NATIVE_TABLE = {
+    "broadcast": "native",
+    "scatter": "native (torch composes it from NCCL send/recv)",
+    "reduce": "native",
+    "all_reduce": "native (AVG native for floating dtypes)",
+    "gather": "native (torch composes it from NCCL send/recv)",
+    "all_gather": "native",
+    "reduce_scatter": "native",
+    "all_to_all": "native (NCCL grouped send/recv)",
+    "barrier": "native (an all_reduce of one element)",
+    "send/recv": "native (in issue order per pair; no tags in NCCL)",
+}
+
+_UNSUPPORTED_OPS = {"band", "bor", "bxor"}
+
+
+def nccl_available() -> Optional[str]:
+    """``None`` if this process can run NCCL, else why not (decided without creating a CUDA context)."""
+    if not td.is_nccl_available():
+        return "this torch build has no NCCL"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    return None
+
+
+class NcclRequest(Request):
+    def __init__(self, work, what: str, keep_alive=None):
+        self._work = work
+        self._what = what
+        self._keep = keep_alive
+
+    def test(self) -> bool:
+        return self._work.is_completed()
+
+    def wait(self, timeout_s: Optional[float] = None) -> None:
+        # Stream-ordered wait (see the module note); the group's timeout bounds it.
+        self._work.wait()
+
+
+class NcclTransport(Transport):
+    name = "nccl"
+    device_type = "cuda"
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, device: torch.device):
+        self.store, self.rank, self.size, self.timeout, self.device = store, rank, size, timeout, device
+        options = td.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        self.pg = td.ProcessGroupNCCL(td.PrefixStore("coll/", store), rank, size, options)
+        self.p2p_pg = td.ProcessGroupNCCL(td.PrefixStore("p2p/", store), rank, size, options)
+        self._ops = {"sum": td.ReduceOp.SUM, "avg": td.ReduceOp.AVG, "product": td.ReduceOp.PRODUCT,
+                     "min": td.ReduceOp.MIN, "max": td.ReduceOp.MAX}
+
+    @classmethod
+    def create(cls, init_method, timeout, world_size, rank, store) -> "NcclTransport":
+        reason = nccl_available()
+        if reason is not None:
+            from ..errors import UnsupportedError
+            raise UnsupportedError(f"init_process_group: backend 'nccl' is unavailable: {reason}; use 'gloo' or 'mpi'")
+        if store is None:
+            store, rank, world_size = next(td.rendezvous(init_method or "env://", rank, world_size, timeout=timeout))
+        local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        return cls(td.PrefixStore("zerocomm/world/", store), rank, world_size, timeout, device)
+
+    # -- point to point ---------------------------------------------------------------
+    def isend(self, tensor, peer, tag) -> Request:
+        buf = tensor.reshape(-1).view(torch.uint8)
+        return NcclRequest(self.pg.send([buf], peer, 0), f"send to rank {peer}", buf)
+
+    def irecv(self, tensor, peer, tag) -> Request:
+        buf = tensor.reshape(-1).view(torch.uint8)
+        return NcclRequest(self.pg.recv([buf], peer, 0), f"recv from rank {peer}", buf)
+
+    def user_isend(self, tensor, peer, tag) -> Request:
+        return NcclRequest(self.p2p_pg.send([tensor], peer, 0), f"send to rank {peer}", tensor)
+
+    def user_irecv(self, tensor, peer, tag) -> Request:
+        return NcclRequest(self.p2p_pg.recv([tensor], peer, 0), f"recv from rank {peer}", tensor)
+
+    def split(self, ranks: Sequence[int], key: str) -> Optional["NcclTransport"]:
+        if self.rank not in ranks:
+            return None
+        return NcclTransport(td.PrefixStore(f"zerocomm/{key}/", self.store), list(ranks).index(self.rank),
+                             len(ranks), self.timeout, self.device)
+
+    def close(self) -> None:
+        for pg in (self.pg, self.p2p_pg):
+            try:
+                pg.shutdown()
+            except Exception:  # already aborted
+                pass
+
+    # -- what NCCL supports -----------------------------------------------------------
+    @classmethod
+    def native_support(cls, collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
+        if op in _UNSUPPORTED_OPS:
+            return f"NCCL has no bitwise reductions ({op.upper()})"
+        return None
+
+    @classmethod
+    def native_table(cls) -> dict:
+        return dict(NATIVE_TABLE)
+
+    # -- native collectives -----------------------------------------------------------
+    def _run(self, work, what: str) -> None:
+        NcclRequest(work, f"nccl {what}").wait()
+
+    @staticmethod
+    def _movable(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
+
+    def native_all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
+        if tensor.numel() == 0:
+            return
+        opts = td.AllreduceOptions()
+        opts.reduceOp = self._ops[op]
+        self._run(self.pg.allreduce([self._movable(tensor)], opts), "allreduce")
+
+    def native_broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
+        if tensor.numel() == 0:
+            return
+        opts = td.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = root, 0
+        self._run(self.pg.broadcast([self._movable(tensor)], opts), "broadcast")
+
+    def native_reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> None:
+        if tensor.numel() == 0:
+            return
+        opts = td.ReduceOptions()
+        opts.rootRank, opts.reduceOp = root, self._ops["sum" if op == "avg" else op]
+        work_tensor = tensor if self.rank == root else tensor.clone()
+        self._run(self.pg.reduce([self._movable(work_tensor)], opts), "reduce")
+        if self.rank == root:
+            finalize_(tensor, op, self.size)
+
+    def native_all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
+        if input.numel() == 0:
+            return
+        self._run(self.pg._allgather_base(self._movable(output), self._movable(input)), "allgather")
+
+    def native_gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
+        if input.numel() == 0:
+            return
+        opts = td.GatherOptions()
+        opts.rootRank = root
+        outputs = [list(self._movable(output).chunk(self.size))] if self.rank == root else []
+        self._run(self.pg.gather(outputs, [self._movable(input)], opts), "gather")
+
+    def native_scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
+        if output.numel() == 0:
+            return
+        opts = td.ScatterOptions()
+        opts.rootRank = root
+        inputs = [list(self._movable(input).chunk(self.size))] if self.rank == root else []
+        self._run(self.pg.scatter([self._movable(output)], inputs, opts), "scatter")
+
+    def native_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
+        if output.numel() == 0:
+            return
+        opts = td.ReduceScatterOptions()
+        opts.reduceOp = self._ops[op]
+        self._run(self.pg._reduce_scatter_base(self._movable(output), self._movable(input), opts), "reduce_scatter")
+
+    def native_all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
+        self._run(self.pg.alltoall_base(self._movable(output), self._movable(input), list(out_counts),
+                                        list(in_counts), td.AllToAllOptions()), "alltoall")
+
+    def native_barrier(self, *, tag, deadline, segment_bytes) -> None:
+        one = torch.ones(1, device=self.device)
+        self._run(self.pg.allreduce([one], td.AllreduceOptions()), "barrier")
+        torch.cuda.current_stream(self.device).synchronize()
