@@ -23,7 +23,7 @@ from .algorithms import ALGORITHMS as _REGISTRY
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .reduce_op import ReduceOp, op_name
-from .select import select_algorithm
+from .select import check_compression, select_algorithm
 from .traffic import CountingTransport, TrafficCounter, estimate_native, now, observing, start_record
 from .work import Work, timeout_seconds
 
@@ -130,9 +130,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, a
         if compression != "onebit":
             raise InvalidArgumentError(f"rank {g.my_global_rank}: all_reduce: compression must be None or "
                                        f"'onebit', got {compression!r}")
-        if _op(op, "all_reduce", g) != "avg":
-            raise UnsupportedError(f"rank {g.my_global_rank}: all_reduce with compression='onebit' computes the "
-                                   f"mean over ranks; pass op=ReduceOp.AVG (got {op}), or compression=None")
+        validate.check_tensor(tensor, "tensor", "all_reduce", g)
+        check_compression("all_reduce", g, tensor.dtype, _op(op, "all_reduce", g))
         return compressed_all_reduce(tensor, compression_state, group=g, async_op=async_op, algorithm=algorithm)
     g = resolve_group(group, "all_reduce")
     name = _op(op, "all_reduce", g)
@@ -352,10 +351,7 @@ def compressed_all_reduce(tensor: torch.Tensor, state, group=None, async_op: boo
     from .algorithms.compressed import all_reduce_onebit
     g = resolve_group(group, "compressed_all_reduce")
     validate.check_tensor(tensor, "tensor", "compressed_all_reduce", g)
-    if not tensor.dtype.is_floating_point:
-        raise UnsupportedError(f"rank {g.my_global_rank}: compressed_all_reduce on backend {g.backend!r} "
-                               f"(device {g.transport.device_type}), dtype {tensor.dtype}: 1-bit compression "
-                               "needs a floating dtype; use all_reduce without compression")
+    check_compression("all_reduce", g, tensor.dtype, "avg")
     if not isinstance(state, ErrorFeedback):
         raise InvalidArgumentError(f"rank {g.my_global_rank}: compressed_all_reduce: state must be a "
                                    f"zerocomm.ops.ErrorFeedback (one per tensor), got {type(state).__name__}")

@@ -27,7 +27,7 @@ DEVICES = ("cpu", "cuda")
 COLLECTIVES = ("broadcast", "scatter", "reduce", "all_reduce", "gather", "all_gather", "reduce_scatter",
                "all_to_all", "send/recv", "barrier")
 REDUCING = ("reduce", "all_reduce", "reduce_scatter")
-ALGORITHM_NAMES = ("native", "ring", "tree", "recursive_doubling")
+ALGORITHM_NAMES = ("native", "ring", "tree", "recursive_doubling", "onebit")
 OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 
 
@@ -74,7 +74,9 @@ def _algorithms(collective: str) -> List[str]:
         return ["native"]
     # recursive doubling is an all_reduce schedule only; every other name is listed for every collective,
     # so a refused (collective, algorithm) pair shows its reason and alternative.
-    return [a for a in ALGORITHM_NAMES if a != "recursive_doubling" or collective == "all_reduce"]
+    # recursive doubling and 1-bit compression ("onebit": all_reduce(..., compression="onebit")) exist for
+    # all_reduce only.
+    return [a for a in ALGORITHM_NAMES if a not in ("recursive_doubling", "onebit") or collective == "all_reduce"]
 
 
 def _cell(backend: str, cls, device: str, collective: str, algorithm: str, dtype: torch.dtype,
@@ -90,7 +92,8 @@ def _cell(backend: str, cls, device: str, collective: str, algorithm: str, dtype
     reason = refusal(collective, cls, dtype, op, algorithm)
     if reason is None:
         return Cell(*args, True)
-    others = [a for a in ALGORITHM_NAMES if a != algorithm and refusal(collective, cls, dtype, op, a) is None]
+    others = [a for a in ALGORITHM_NAMES if a not in (algorithm, "onebit")
+              and refusal(collective, cls, dtype, op, a) is None]
     instead = f"algorithm={' or '.join(others)}" if others else (
         "another op" if op is not None else "another dtype")
     return Cell(*args, False, reason, instead)
@@ -140,7 +143,9 @@ dtype admits works (floats: SUM AVG PRODUCT MIN MAX; integers: SUM PRODUCT MIN M
 BAND BOR BXOR); otherwise the cell lists the ops that work; **—** means nothing works, and the reasons follow
 each table.  Collectives that do not reduce show **yes**.  Algorithms: `native` is the backend's own
 implementation (or zerocomm's composition where the backend lacks one, as the native-operations table says);
-`ring`, `tree` and `recursive_doubling` are zerocomm's, written once over the backend's point-to-point layer.
+`ring`, `tree` and `recursive_doubling` are zerocomm's, written once over the backend's point-to-point layer;
+`onebit` is `all_reduce(..., op=ReduceOp.AVG, compression="onebit")`, the 1-bit compressed mean with error
+feedback (its sub-collectives run natively or on ring/tree).
 
 ## What zerocomm adds to torch.distributed
 

@@ -46,11 +46,23 @@ def refusal(collective: str, transport, dtype: torch.dtype, op: Optional[str], a
         reason = op_admits(op, dtype)
         if reason is not None:
             return reason
+    if algorithm == "onebit":
+        return _onebit_refusal(collective, dtype, op)
     if algorithm == "native":
         return transport.native_support(collective, dtype, op)
     if (collective, algorithm) not in _REGISTRY:
         return f"zerocomm has no {algorithm} {collective}"
     return transport.can_move(dtype)
+
+
+def _onebit_refusal(collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
+    if collective != "all_reduce":
+        return "1-bit compression applies to all_reduce only"
+    if not dtype.is_floating_point:
+        return f"1-bit compression needs a floating dtype, got {dtype}"
+    if op != "avg":
+        return f"the 1-bit compressed all_reduce computes the mean over ranks, so op must be AVG, got {str(op).upper()}"
+    return None
 
 
 def alternatives(collective: str, transport, dtype: torch.dtype, op: Optional[str], exclude: str) -> List[str]:
@@ -82,13 +94,27 @@ def select_algorithm(collective: str, group, dtype: torch.dtype, op: Optional[st
         choice, source = _auto(collective, transport, dtype, op, nbytes), "auto table"
     reason = refusal(collective, transport, dtype, op, choice)
     if reason is not None:
-        others = alternatives(collective, transport, dtype, op, choice)
-        instead = (f"use algorithm={' or '.join(repr(a) for a in others)} instead" if others
-                   else "no algorithm serves this cell; use another dtype or op")
-        raise UnsupportedError(
-            f"rank {group.my_global_rank}: {collective} is unsupported on backend {transport.name!r} "
-            f"(device {transport.device_type}) with algorithm={choice!r}, dtype {dtype}"
-            f"{'' if op is None else f', op {op.upper()}'}: {reason}; {instead}")
+        raise_unsupported(collective, group, dtype, op, choice, reason)
     log.debug("%s: %d B %s on %s group of %d -> %s (%s)", collective, nbytes, dtype, transport.name,
               transport.size, choice, source)
     return choice
+
+
+def raise_unsupported(collective: str, group, dtype: torch.dtype, op: Optional[str], choice: str, reason: str):
+    """Raise the one ``UnsupportedError`` wording: backend, device, collective, algorithm, dtype, why, instead."""
+    transport = group.transport
+    others = alternatives(collective, transport, dtype, op, choice)
+    instead = (f"use algorithm={' or '.join(repr(a) for a in others)}"
+               f"{' without compression' if choice == 'onebit' else ''} instead" if others
+               else "no algorithm serves this cell; use another dtype or op")
+    raise UnsupportedError(
+        f"rank {group.my_global_rank}: {collective} is unsupported on backend {transport.name!r} "
+        f"(device {transport.device_type}) with algorithm={choice!r}, dtype {dtype}"
+        f"{'' if op is None else f', op {op.upper()}'}: {reason}; {instead}")
+
+
+def check_compression(collective: str, group, dtype: torch.dtype, op: Optional[str]) -> None:
+    """Raise ``UnsupportedError`` before any byte moves if 1-bit compression cannot serve the call."""
+    reason = refusal(collective, group.transport, dtype, op, "onebit")
+    if reason is not None:
+        raise_unsupported(collective, group, dtype, op, "onebit", reason)

@@ -8,7 +8,7 @@ ranks agree with each other is ``comm.validate``'s job, before an algorithm runs
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 

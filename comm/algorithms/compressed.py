@@ -11,7 +11,8 @@ Schedule, on every rank:
   3. server step: decompress the n received versions of this rank's segment,
      average them, add the server error, compress again (server error updated).
   4. all_gather of the compressed segments; every rank decompresses the whole.
-The result is the **mean** over ranks (not the sum).  Each message carries its scale
+The result is the **mean** over ranks (not the sum).  Scales are computed over the real
+elements only (the zero padding would shrink them), and the error stays 0 on padding.  Each message carries its scale
 in its last bytes, so the scheme costs two collectives, not four.  Bytes sent per
 rank ≈ 2·(n-1)·(P/(8n) + scale bytes), about 1/32 of a float32 ring all_reduce's
 2·(n-1)/n·4·numel.
@@ -55,7 +56,7 @@ def all_reduce_onebit(t, tensor: torch.Tensor, state: ErrorFeedback, *, all_to_a
     seg_bytes = seg // 8
     x = torch.zeros(padded, dtype=dtype, device=tensor.device)
     x[:tensor.numel()] = tensor
-    signs, scale = state.compensate_and_compress(x)
+    signs, scale = state.compensate_and_compress(x, tensor.numel())
     scale_bytes = scale.element_size()
     row = seg_bytes + scale_bytes
 
@@ -75,7 +76,10 @@ def all_reduce_onebit(t, tensor: torch.Tensor, state: ErrorFeedback, *, all_to_a
         sender_scale = message[seg_bytes:].clone().view(dtype)[0]  # clone: unaligned bytes
         mean += decompress(message[:seg_bytes], sender_scale, seg, piece)
     mean /= n
-    server_signs, server_scale = state.server_compensate_and_compress(mean)
+    # Padding decompresses to ±scale; it must not enter this segment's scale or error.
+    valid = min(max(tensor.numel() - t.rank * seg, 0), seg)
+    mean[valid:] = 0
+    server_signs, server_scale = state.server_compensate_and_compress(mean, valid)
 
     # 4. everyone gathers every server's compressed segment and decompresses the whole
     gathered = torch.empty(n * row, dtype=torch.uint8, device=tensor.device)

@@ -80,10 +80,10 @@ def _broadcast(t: Transport, buf: torch.Tensor, root: int, tag: int, deadline: O
     v = (t.rank - root) % n
     # Largest subtree first: it has the longest way still to go.
     kids = [(c + root) % n for c in reversed(_children(v, n))]
-    segs = segments(0, buf.numel(), segment_elems(buf, segment_bytes))
-    recvs: list[Request] = []
-    if v != 0:
-        recvs = recv_segmented(t, buf, (_parent(v) + root) % n, tag, segment_elems(buf, segment_bytes))
+    seg = segment_elems(buf, segment_bytes)
+    segs = segments(0, buf.numel(), seg)
+    # Every receive lands in its own region of buf, so all can be posted at once.
+    recvs = recv_segmented(t, buf, (_parent(v) + root) % n, tag, seg) if v != 0 else []
     sends: list[Request] = []
     for k, (lo, hi) in enumerate(segs):
         if recvs:
@@ -343,7 +343,7 @@ def _scatter(
     if v != 0:
         wait_all(recv_segmented(t, buf, (_parent(v) + root) % n, tag, seg), deadline)
     sends: list[Request] = []
-    for c in _children(v, n):  # largest subtree first: it has the longest way to go
+    for c in reversed(_children(v, n)):  # largest subtree first: it has the longest way to go
         lo = (c - v) * m
         sends += send_segmented(t, buf[lo : lo + _subtree_size(c, n) * m], (c + root) % n, tag, seg)
     if not same_memory(out, buf[:m]):
