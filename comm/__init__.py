@@ -11,6 +11,7 @@ from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, Inval
                      NotInitializedError, PeerError, UnsupportedError)
 from .group import Group
 from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from .profiler import Profiler, profile
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .process_group import (GroupMember, configure, destroy_process_group, get_backend, get_default_algorithm,
                             get_global_rank, get_group_rank, get_rank, get_world_size, group, init_process_group,
@@ -30,7 +31,7 @@ __all__ = [
     "batch_isend_irecv", "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
     "ReduceOp", "group", "GroupMember", "Work", "ProcessGroup",
     # zerocomm's additions
-    "Group", "compressed_all_reduce", "count_bytes", "set_default_algorithm", "get_default_algorithm", "configure", "which_algorithm",
+    "Group", "Profiler", "profile", "compressed_all_reduce", "count_bytes", "set_default_algorithm", "get_default_algorithm", "configure", "which_algorithm",
     "CommError", "CommTimeoutError", "CollectiveMismatchError", "UnsupportedError", "NotInitializedError",
     "InvalidArgumentError", "PeerError",
 ]

@@ -5,6 +5,8 @@ Environment variables:
     ZEROCOMM_SEGMENT_BYTES  pipeline segment size of ring and tree algorithms.
     ZEROCOMM_DEBUG          "1": exchange a fingerprint before each collective and raise
                             ``CollectiveMismatchError`` when ranks disagree.
+    ZEROCOMM_PROFILE        a path: record every collective from init to destroy and write
+                            ``PATH.rankN.json`` and ``PATH.rankN.trace.json`` (Chrome trace).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ class CommConfig:
     """Bytes per pipelined segment in ring/tree algorithms; smaller pipelines deeper, costs more messages."""
     debug: bool = False
     """Cross-rank fingerprint check before each collective (one tiny all_gather per call)."""
+    profile_path: str = ""
+    """If set, the profiler records from init to destroy and writes its files with this prefix."""
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -36,4 +40,5 @@ class CommConfig:
             algorithm=env.get("ZEROCOMM_ALGORITHM", "auto") or "auto",
             segment_bytes=int(env.get("ZEROCOMM_SEGMENT_BYTES", 1 << 20)),
             debug=env.get("ZEROCOMM_DEBUG", "0") not in ("", "0", "false", "False"),
+            profile_path=env.get("ZEROCOMM_PROFILE", ""),
         )

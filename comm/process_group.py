@@ -75,11 +75,27 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     WORLD.config = CommConfig.from_env()
     WORLD.default = Group(list(range(transport.size)), transport.rank, transport, timeout, backend, "world")
     WORLD.groups["world"] = WORLD.default
+    if WORLD.config.profile_path:
+        from .profiler import Profiler
+        WORLD.observers.append(Profiler())
+
+
+def _write_env_profiles() -> None:
+    """Write the ZEROCOMM_PROFILE recorder's files (JSON summary and Chrome trace) for this rank."""
+    from .profiler import Profiler
+    path = WORLD.config.profile_path
+    for observer in [o for o in WORLD.observers if isinstance(o, Profiler)]:
+        if path and WORLD.default is not None:
+            rank = WORLD.default.my_global_rank
+            observer.export_json(f"{path}.rank{rank}.json")
+            observer.export_chrome_trace(f"{path}.rank{rank}.trace.json")
+        WORLD.observers.remove(observer)
 
 
 def destroy_process_group(group=None) -> None:
     """Destroy ``group``, or every group and the default one when ``group`` is None."""
     if group is None:
+        _write_env_profiles()
         WORLD.reset()
         return
     if isinstance(group, Group):

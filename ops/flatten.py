@@ -1,0 +1,175 @@
+"""Flat buffers: pack tensors into one contiguous 1-D buffer and get them back.
+
+A bucket (a group of gradients reduced together) or a ZeRO shard is one flat
+buffer so that a collective moves it in one call.  The layout is always the
+same: the tensors' elements in the given order, each in row-major order, one
+after the other with no gaps, then zero padding at the end.  ``views_into`` and
+``unflatten_into`` read that layout back, so the three functions agree as long
+as the caller passes the tensors (or their shapes) in the same order.
+
+Local kernels only: nothing here communicates.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+
+__all__ = ["total_numel", "flatten_tensors", "views_into", "unflatten_into"]
+
+def _shape_numel(item: object, index: int) -> int:
+    """Number of elements of one tensor, shape (sequence of ints) or plain length."""
+    if isinstance(item, torch.Tensor):
+        return item.numel()
+    if isinstance(item, bool):
+        raise TypeError(f"item {index}: expected a tensor, a shape or an int length, got bool {item!r}")
+    if isinstance(item, int):
+        if item < 0:
+            raise ValueError(f"item {index}: a length must be >= 0, got {item}")
+        return item
+    if isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
+        dims = list(item)
+        for d in dims:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                raise ValueError(f"item {index}: a shape must hold ints >= 0, got {tuple(dims)!r}")
+        return math.prod(dims)
+    raise TypeError(f"item {index}: expected a tensor, a shape or an int length, got {type(item).__name__}")
+
+
+def _as_shape(item: object, index: int) -> tuple[int, ...]:
+    if isinstance(item, torch.Tensor):
+        return tuple(item.shape)
+    _shape_numel(item, index)  # validates
+    return (item,) if isinstance(item, int) else tuple(item)  # type: ignore[arg-type]
+
+
+def total_numel(shapes_or_tensors: Iterable[object]) -> int:
+    """Total element count of tensors, shapes (``torch.Size`` or int sequences) or int lengths, mixed freely.
+
+    >>> total_numel([torch.zeros(2, 3), (4,), 5])
+    15
+    """
+    return sum(_shape_numel(item, i) for i, item in enumerate(shapes_or_tensors))
+
+
+def _check_multiple(pad_to_multiple: object) -> int:
+    if isinstance(pad_to_multiple, bool) or not isinstance(pad_to_multiple, int) or pad_to_multiple < 1:
+        raise ValueError(f"pad_to_multiple must be an int >= 1, got {pad_to_multiple!r}")
+    return pad_to_multiple
+
+
+def flatten_tensors(
+    tensors: Sequence[torch.Tensor],
+    *,
+    dtype: torch.dtype | None = None,
+    pad_to_multiple: int = 1,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Copy ``tensors`` into one new contiguous 1-D buffer, in order, zero-padded at the end.
+
+    Returns a tensor of shape ``(ceil(total / pad_to_multiple) * pad_to_multiple,)``
+    where ``total`` is the sum of the inputs' element counts.  Elements are cast
+    to ``dtype`` (default: the inputs' common dtype) and placed on ``device``
+    (default: the inputs' common device).  The result never shares memory with
+    the inputs and is not part of any autograd graph.
+
+    Raises ``ValueError`` when ``dtype``/``device`` is left out and the inputs
+    disagree on it, or when there are no inputs to take it from.
+    """
+    tensors = list(tensors)
+    multiple = _check_multiple(pad_to_multiple)
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flatten_tensors: item {i} is a {type(t).__name__}, expected a torch.Tensor")
+    if dtype is None:
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) != 1:
+            raise ValueError(
+                "flatten_tensors expects uniform dtype when dtype is not given, "
+                f"but got {sorted(str(d) for d in dtypes) or 'no tensors'}"
+            )
+        dtype = dtypes.pop()
+    if device is None:
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise ValueError(
+                "flatten_tensors expects all tensors on one device when device is not given, "
+                f"but got {sorted(str(d) for d in devices)}"
+            )
+        device = devices.pop() if devices else torch.device("cpu")
+
+    total = total_numel(tensors)
+    padded = -(-total // multiple) * multiple
+    flat = torch.empty(padded, dtype=dtype, device=device)
+    with torch.no_grad():
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            # Copying into a view of the slice lets copy_ read a non-contiguous source
+            # directly instead of materialising t.reshape(-1) first.
+            flat[offset : offset + n].view(t.shape).copy_(t)
+            offset += n
+        flat[total:].zero_()
+    return flat
+
+
+def _check_flat(flat: object, op: str) -> torch.Tensor:
+    if not isinstance(flat, torch.Tensor):
+        raise TypeError(f"{op}: flat must be a torch.Tensor, got {type(flat).__name__}")
+    if flat.dim() != 1:
+        raise ValueError(f"{op}: flat must be 1-D, got shape {tuple(flat.shape)}")
+    return flat
+
+
+def views_into(flat: torch.Tensor, shapes: Iterable[object]) -> list[torch.Tensor]:
+    """Views of consecutive slices of the 1-D ``flat``, one per shape, starting at element 0.
+
+    ``shapes`` holds shapes, int lengths or tensors (whose shapes are used).
+    The views share memory with ``flat``: writing into one writes into the
+    buffer.  Padding after the last slice is left out.  Raises ``ValueError``
+    naming the expected and actual element counts if ``flat`` is too small.
+    """
+    flat = _check_flat(flat, "views_into")
+    shape_list = [_as_shape(s, i) for i, s in enumerate(shapes)]
+    needed = sum(math.prod(s) for s in shape_list)
+    if needed > flat.numel():
+        raise ValueError(
+            f"views_into: the {len(shape_list)} shapes need {needed} elements, "
+            f"but flat has only {flat.numel()}"
+        )
+    views = []
+    offset = 0
+    for shape in shape_list:
+        n = math.prod(shape)
+        views.append(flat[offset : offset + n].view(shape))
+        offset += n
+    return views
+
+
+def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive slices of the 1-D ``flat`` back into ``tensors``, in place.
+
+    Each tensor receives the next ``t.numel()`` elements, reshaped to its shape
+    and cast to its dtype/device.  Padding after the last slice is ignored.
+    Runs under ``torch.no_grad()`` so leaf parameters can be written.  Raises
+    ``ValueError`` naming expected and actual element counts if ``flat`` is too
+    small.
+    """
+    tensors = list(tensors)
+    flat = _check_flat(flat, "unflatten_into")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"unflatten_into: item {i} is a {type(t).__name__}, expected a torch.Tensor")
+    needed = total_numel(tensors)
+    if needed > flat.numel():
+        raise ValueError(
+            f"unflatten_into: the {len(tensors)} tensors need {needed} elements, "
+            f"but flat has only {flat.numel()}"
+        )
+    with torch.no_grad():
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view(t.shape))
+            offset += n
