@@ -5,7 +5,7 @@ defaults and return values over three backends (gloo, mpi, nccl).  Every
 collective also takes zerocomm's keyword-only ``algorithm=`` ("native", "ring",
 "tree", "recursive_doubling", "auto").  See docs/ for the capability matrix.
 """
-from .api import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
+from .api import (all_gather, all_gather_into_tensor, all_gather_single, reduce_scatter_single, all_reduce, all_to_all, all_to_all_single, barrier,
                   broadcast, compressed_all_reduce, count_bytes, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
 from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, InvalidArgumentError,
                      NotInitializedError, PeerError, UnsupportedError)
@@ -27,7 +27,7 @@ __all__ = [
     "init_process_group", "destroy_process_group", "is_initialized", "is_available", "get_rank",
     "get_world_size", "get_backend", "new_group", "get_global_rank", "get_group_rank", "barrier", "broadcast",
     "scatter", "reduce", "all_reduce", "gather", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv", "P2POp",
+    "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single", "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv", "P2POp",
     "batch_isend_irecv", "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
     "ReduceOp", "group", "GroupMember", "Work", "ProcessGroup",
     # zerocomm's additions

@@ -398,3 +398,8 @@ def compressed_all_reduce(tensor: torch.Tensor, state, group=None, async_op: boo
                 observer.on_end(record)
 
     return g.run("compressed_all_reduce", body, async_op, outputs=[tensor])
+
+
+#: torch 2.13's new names for the tensor forms (the old ones still work, as in torch).
+all_gather_single = all_gather_into_tensor
+reduce_scatter_single = reduce_scatter_tensor

@@ -8,8 +8,8 @@ where the library has it, else the same user-defined operator.
 [Note: no spinning]  MPICH's blocking calls busy-poll; with more ranks than cores
 a spinning rank steals the core the rank it waits for needs (100–4000× tail
 slowdowns).  So every operation here is nonblocking, and a wait polls
-``MPI_Test`` a few times yielding the core in between, then sleeps with a
-backoff capped at ``_MAX_SLEEP_S``.  The same loop gives every wait a deadline,
+``MPI_Test`` for ``_YIELD_PHASE_S`` yielding the core in between (so a rank that
+shares a core gives it away), then sleeps with a backoff capped at ``_MAX_SLEEP_S``.  The same loop gives every wait a deadline,
 which MPI itself does not have.
 """
 from __future__ import annotations
@@ -23,8 +23,10 @@ import torch
 from ...ops.reduce import finalize_, reduce_
 from ..transport import Request, Transport, remaining
 
-_MAX_SLEEP_S = 200e-6
-_YIELDS = 64
+#: Poll with sched_yield for this long (a small message's round trip), then sleep.
+_YIELD_PHASE_S = 150e-6
+_FIRST_SLEEP_S = 20e-6
+_MAX_SLEEP_S = 500e-6
 
 NATIVE_TABLE = {
     "broadcast": "native (MPI_Ibcast)",
@@ -73,14 +75,15 @@ class MpiRequest(Request):
         return self._done
 
     def wait(self, timeout_s: Optional[float] = None) -> None:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        polls, sleep = 0, 5e-6
+        start = time.monotonic()
+        deadline = None if timeout_s is None else start + timeout_s
+        sleep = _FIRST_SLEEP_S
         while not self.test():
-            if deadline is not None and time.monotonic() > deadline:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
                 raise TimeoutError(self._what)
-            polls += 1
-            if polls < _YIELDS:
-                os.sched_yield()
+            if now - start < _YIELD_PHASE_S:
+                os.sched_yield()  # hands the core to any runnable rank; returns at once on an idle core
             else:
                 time.sleep(sleep)
                 sleep = min(sleep * 2, _MAX_SLEEP_S)

@@ -15,6 +15,7 @@ TORCH_FUNCTIONS = [
     "all_reduce", "gather", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
     "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv", "batch_isend_irecv",
     "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+    "all_gather_single", "reduce_scatter_single",
 ]
 
 
