@@ -206,7 +206,13 @@ def collectives_main(argv: Sequence[str]) -> int:
     return launch.run_forked(nprocs, args.backend, body)
 
 
-SUBCOMMANDS = {"collectives": collectives_main}
+def tune_main(argv: Sequence[str]) -> int:
+    """The ``tune`` subcommand: measure every algorithm and write ``comm/auto_table.json``."""
+    from . import tune
+    return tune.main(list(argv))
+
+
+SUBCOMMANDS = {"collectives": collectives_main, "tune": tune_main}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

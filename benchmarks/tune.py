@@ -1,0 +1,123 @@
+"""``zerocomm-bench tune``: measure every algorithm and write the table ``algorithm="auto"`` reads.
+
+For each backend and world size it runs the collectives microbenchmark (this package's
+own CLI, in a subprocess, with ``--json``), comparing every algorithm at every size,
+and keeps per (collective, world size) the fastest algorithm of each size.  An
+algorithm replaces ``native`` only when it is at least ``MARGIN`` faster, and a lone size whose
+winner differs from both (agreeing) neighbours takes theirs: on a shared machine smaller
+differences are noise, and the backend's own path is the safer default.
+Consecutive sizes with the same winner merge into one row.
+
+Output (``comm/auto_table.json`` by default)::
+
+    {"gloo": {"all_reduce": [[max_world_size, max_bytes, "algorithm"], ...], ...}, ...,
+     "_measured": {...how and where...}}
+
+``select.py`` takes the first row whose ``max_world_size`` and ``max_bytes`` cover the
+call; the largest measured world size is extended to any larger one.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List
+
+#: An algorithm must take at most this fraction of native's time to be chosen over it.
+MARGIN = 0.9
+ALGORITHMS = ("native", "ring", "tree", "recursive_doubling")
+UNBOUNDED = 1 << 62
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "comm", "auto_table.json")
+
+
+def measure(backend: str, nprocs: int, sizes: str, factor: int, iters: int) -> List[dict]:
+    """Rows of one benchmark run (every collective, every algorithm)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "rows.json")
+        command = [sys.executable, "-m", "zerocomm.benchmarks", "collectives", "--backend", backend,
+                   "--nprocs", str(nprocs), "--algorithms", ",".join(ALGORITHMS), "--sizes", sizes,
+                   "--factor", str(factor), "--iters", str(iters), "--json", path, "--no-progress"]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        with open(path) as handle:
+            return json.load(handle)["rows"]
+
+
+def winners(rows: List[dict]) -> Dict[str, List[tuple]]:
+    """``{collective: [(size, algorithm), ...]}``, sizes ascending, by the margin rule."""
+    by_cell: Dict[tuple, Dict[str, float]] = {}
+    for row in rows:
+        if row.get("time_us") is None:
+            continue  # an unsupported (collective, algorithm) cell
+        by_cell.setdefault((row["collective"], row["size"]), {})[row["algorithm"]] = row["time_us"]
+    out: Dict[str, List[tuple]] = {}
+    for (collective, size), times in sorted(by_cell.items()):
+        best = "native" if "native" in times else min(times, key=times.get)
+        fastest = min(times, key=times.get)
+        if best == "native" and fastest != "native" and times[fastest] <= MARGIN * times["native"]:
+            best = fastest
+        out.setdefault(collective, []).append((size, best))
+    return {collective: _smooth(sized) for collective, sized in out.items()}
+
+
+def _smooth(sized: List[tuple]) -> List[tuple]:
+    """A lone size whose winner differs from both agreeing neighbours takes theirs: one cell is noise."""
+    smoothed = list(sized)
+    for index in range(1, len(sized) - 1):
+        before, here, after = sized[index - 1][1], sized[index][1], sized[index + 1][1]
+        if before == after != here:
+            smoothed[index] = (sized[index][0], before)
+    return smoothed
+
+
+def table_rows(per_world: Dict[int, Dict[str, List[tuple]]]) -> Dict[str, List[list]]:
+    """Merge sizes with the same winner; the largest world's rows also cover larger worlds."""
+    table: Dict[str, List[list]] = {}
+    largest = max(per_world)
+    for world in sorted(per_world):
+        bound = UNBOUNDED if world == largest else world
+        for collective, sized in per_world[world].items():
+            rows = table.setdefault(collective, [])
+            merged: List[list] = []
+            for index, (size, algorithm) in enumerate(sized):
+                upper = UNBOUNDED if index == len(sized) - 1 else size
+                if merged and merged[-1][2] == algorithm:
+                    merged[-1][1] = upper
+                else:
+                    merged.append([bound, upper, algorithm])
+            rows.extend(merged)
+    return table
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="zerocomm-bench tune", description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="gloo,mpi")
+    parser.add_argument("--world-sizes", default="2,3,4")
+    parser.add_argument("--sizes", default="8B:16MiB")
+    parser.add_argument("--factor", type=int, default=8)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"where to write the table (default: {DEFAULT_OUT})")
+    args = parser.parse_args(argv)
+    table: Dict[str, object] = {}
+    for backend in args.backends.split(","):
+        per_world = {}
+        for world in (int(w) for w in args.world_sizes.split(",")):
+            print(f"# measuring {backend} at {world} ranks", file=sys.stderr, flush=True)
+            per_world[world] = winners(measure(backend, world, args.sizes, args.factor, args.iters))
+        table[backend] = table_rows(per_world)
+    table["_measured"] = {"by": "zerocomm-bench tune", "host": platform.node(), "machine": platform.machine(),
+                          "cpus": os.cpu_count(), "sizes": args.sizes, "factor": args.factor, "iters": args.iters,
+                          "margin": MARGIN, "date": datetime.date.today().isoformat()}
+    with open(args.out, "w") as handle:
+        json.dump(table, handle, indent=1)
+        handle.write("\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

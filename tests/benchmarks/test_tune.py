@@ -1,0 +1,41 @@
+"""The auto-table builder: the margin rule, smoothing, merging, and the table select reads."""
+import json
+import pathlib
+
+from zerocomm.benchmarks import tune
+
+
+def _rows(times):
+    return [{"collective": "all_reduce", "size": size, "algorithm": alg, "time_us": t}
+            for size, per_alg in times.items() for alg, t in per_alg.items()]
+
+
+def test_native_kept_unless_another_is_clearly_faster():
+    rows = _rows({8: {"native": 10.0, "ring": 9.5}, 64: {"native": 10.0, "ring": 5.0},
+                  512: {"native": 10.0, "ring": 5.0, "tree": None}})
+    assert tune.winners(rows)["all_reduce"] == [(8, "native"), (64, "ring"), (512, "ring")]
+
+
+def test_lone_winner_between_agreeing_neighbours_is_noise():
+    rows = _rows({8: {"native": 1.0, "ring": 5.0}, 64: {"native": 10.0, "ring": 1.0},
+                  512: {"native": 1.0, "ring": 5.0}})
+    assert tune.winners(rows)["all_reduce"] == [(8, "native"), (64, "native"), (512, "native")]
+
+
+def test_rows_merge_and_the_largest_world_covers_larger_ones():
+    per_world = {2: {"all_reduce": [(8, "tree"), (64, "tree"), (512, "ring")]},
+                 4: {"all_reduce": [(8, "native"), (64, "ring")]}}
+    table = tune.table_rows(per_world)["all_reduce"]
+    assert table == [[2, 64, "tree"], [2, tune.UNBOUNDED, "ring"], [tune.UNBOUNDED, 8, "native"],
+                     [tune.UNBOUNDED, tune.UNBOUNDED, "ring"]]
+
+
+def test_committed_table_is_well_formed():
+    path = pathlib.Path(tune.DEFAULT_OUT)
+    table = json.loads(path.read_text())
+    assert {"gloo", "mpi"} <= set(table)
+    for backend in ("gloo", "mpi"):
+        for collective, rows in table[backend].items():
+            assert rows and all(len(row) == 3 for row in rows), collective
+            assert rows[-1][0] == tune.UNBOUNDED and rows[-1][1] == tune.UNBOUNDED, (backend, collective)
+            assert all(row[2] in tune.ALGORITHMS for row in rows)

@@ -1,0 +1,104 @@
+"""Algorithm selection, cross-rank checks and timeouts through the public API."""
+import datetime
+import logging
+
+import pytest
+import torch
+
+from support.worlds import worlds
+
+import zerocomm.comm as dist
+from zerocomm.comm import select
+
+
+def _expected_auto(backend: str, collective: str, n: int, nbytes: int) -> str:
+    for max_world, max_bytes, algorithm in select.auto_table().get(backend, {}).get(collective, []):
+        if n <= max_world and nbytes <= max_bytes:
+            return algorithm
+    return "native"
+
+
+def selection_answers():
+    n = dist.get_world_size()
+    backend = str(dist.get_backend())
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("zerocomm.comm.select")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        answers = {}
+        for nbytes in (8, 4096, 1 << 20):
+            t = torch.empty(nbytes // 4)
+            answers[nbytes] = (dist.which_algorithm("all_reduce", t, dist.ReduceOp.SUM),
+                               _expected_auto(backend, "all_reduce", n, nbytes))
+        explicit = dist.which_algorithm("all_reduce", torch.empty(4), dist.ReduceOp.SUM, algorithm="tree")
+        dist.set_default_algorithm("ring")
+        by_default = dist.which_algorithm("all_reduce", torch.empty(4), dist.ReduceOp.SUM)
+        x = torch.ones(5)
+        dist.all_reduce(x)  # runs with the default ("ring") and logs it
+        dist.set_default_algorithm("auto")
+        try:
+            dist.gather(torch.ones(2), [torch.empty(2) for _ in range(n)] if dist.get_rank() == 0 else None,
+                        algorithm="ring")
+            refusal = None
+        except dist.UnsupportedError as error:
+            refusal = str(error)
+    finally:
+        logger.removeHandler(handler)
+    return {"answers": answers, "explicit": explicit, "by_default": by_default, "x": x.tolist(),
+            "refusal": refusal, "logged": [r.getMessage() for r in records]}
+
+
+@pytest.mark.parametrize("world", worlds(("gloo", "mpi"), (3,)), indirect=True)
+def test_selection_is_explicit_default_or_table_and_observable(world):
+    for res in world.run(selection_answers):
+        for nbytes, (chosen, expected) in res["answers"].items():
+            assert chosen == expected, f"{nbytes} B: auto chose {chosen}, the table says {expected}"
+        assert res["explicit"] == "tree" and res["by_default"] == "ring"
+        assert res["x"] == [3.0] * 5
+        assert any("all_reduce" in line and "-> ring" in line for line in res["logged"]), res["logged"]
+        refusal = res["refusal"]
+        assert refusal and "gather" in refusal and "'ring'" in refusal and "use algorithm=" in refusal
+        assert "native" in refusal and "tree" in refusal
+
+
+def mismatched_call():
+    dist.configure(debug=True)
+    try:
+        size = 4 + dist.get_rank()  # each rank a different length: a bug debug mode must name
+        dist.all_reduce(torch.ones(size))
+        outcome = None
+    except dist.CollectiveMismatchError as error:
+        outcome = str(error)
+    finally:
+        dist.configure(debug=False)
+    check = torch.ones(2)
+    dist.all_reduce(check)  # nobody is left stuck
+    return outcome, check.tolist(), dist.get_world_size()
+
+
+@pytest.mark.parametrize("world", worlds(("gloo", "mpi"), (2, 3)), indirect=True)
+def test_debug_mode_names_the_mismatched_ranks(world):
+    for rank, (message, check, n) in enumerate(world.run(mismatched_call)):
+        assert message is not None, f"rank {rank} raised no CollectiveMismatchError"
+        assert "rank 0" in message and "rank 1" in message and "4 elements" in message and "5 elements" in message
+        assert check == [float(n)] * 2
+
+
+def absent_peer():
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))
+    if dist.get_rank() != 0:
+        return None  # rank 1 never joins the collective
+    try:
+        dist.all_reduce(torch.ones(8), group=group, algorithm="ring")
+    except dist.CommTimeoutError as error:
+        return str(error)
+    return "no timeout"
+
+
+@pytest.mark.parametrize("world", worlds(("gloo", "mpi"), (2,)), indirect=True)
+def test_timeout_names_op_group_and_peer(world):
+    message = world.run(absent_peer, timeout=60)[0]
+    assert "all_reduce" in message and "[0, 1]" in message and "rank 1" in message and "timed out" in message
