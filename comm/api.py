@@ -351,7 +351,7 @@ def compressed_all_reduce(tensor: torch.Tensor, state, group=None, async_op: boo
     from .algorithms.compressed import all_reduce_onebit
     g = resolve_group(group, "compressed_all_reduce")
     validate.check_tensor(tensor, "tensor", "compressed_all_reduce", g)
-    check_compression("all_reduce", g, tensor.dtype, "avg")
+    check_compression("compressed_all_reduce", g, tensor.dtype, "avg")
     if not isinstance(state, ErrorFeedback):
         raise InvalidArgumentError(f"rank {g.my_global_rank}: compressed_all_reduce: state must be a "
                                    f"zerocomm.ops.ErrorFeedback (one per tensor), got {type(state).__name__}")

@@ -56,7 +56,7 @@ def refusal(collective: str, transport, dtype: torch.dtype, op: Optional[str], a
 
 
 def _onebit_refusal(collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
-    if collective != "all_reduce":
+    if collective not in ("all_reduce", "compressed_all_reduce"):
         return "1-bit compression applies to all_reduce only"
     if not dtype.is_floating_point:
         return f"1-bit compression needs a floating dtype, got {dtype}"
@@ -103,10 +103,16 @@ def select_algorithm(collective: str, group, dtype: torch.dtype, op: Optional[st
 def raise_unsupported(collective: str, group, dtype: torch.dtype, op: Optional[str], choice: str, reason: str):
     """Raise the one ``UnsupportedError`` wording: backend, device, collective, algorithm, dtype, why, instead."""
     transport = group.transport
-    others = alternatives(collective, transport, dtype, op, choice)
-    instead = (f"use algorithm={' or '.join(repr(a) for a in others)}"
-               f"{' without compression' if choice == 'onebit' else ''} instead" if others
-               else "no algorithm serves this cell; use another dtype or op")
+    if choice == "onebit":
+        if op not in (None, "avg"):
+            exact = f"ReduceOp.{op.upper()}"
+        else:
+            exact = "ReduceOp.AVG" if dtype.is_floating_point else "ReduceOp.SUM, then divide,"
+        instead = f"use all_reduce with {exact} without compression instead"
+    else:
+        others = alternatives(collective, transport, dtype, op, choice)
+        instead = (f"use algorithm={' or '.join(repr(a) for a in others)} instead" if others
+                   else "no algorithm serves this cell; use another dtype or op")
     raise UnsupportedError(
         f"rank {group.my_global_rank}: {collective} is unsupported on backend {transport.name!r} "
         f"(device {transport.device_type}) with algorithm={choice!r}, dtype {dtype}"
