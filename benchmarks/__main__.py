@@ -212,7 +212,13 @@ def tune_main(argv: Sequence[str]) -> int:
     return tune.main(list(argv))
 
 
-SUBCOMMANDS = {"collectives": collectives_main, "tune": tune_main}
+def compression_main(argv: Sequence[str]) -> int:
+    """The ``compression`` subcommand: compressed vs uncompressed all_reduce, bytes and time."""
+    from . import compression
+    return compression.main(list(argv))
+
+
+SUBCOMMANDS = {"collectives": collectives_main, "tune": tune_main, "compression": compression_main}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

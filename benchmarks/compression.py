@@ -24,7 +24,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -202,10 +201,8 @@ def _one_world(args: argparse.Namespace, sizes: Sequence[int], backend: str, npr
                argv: Sequence[str], rows_path: str) -> int:
     """Run one world on local ranks; rank 0 writes its rows to ``rows_path``.  The worst exit status."""
     if backend == "mpi":
-        command = [launch.find_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "zerocomm.benchmarks.compression",
-                   *argv, "--backends", "mpi"]
-        env = {**os.environ, launch.RELAUNCHED_ENV: "1", ROWS_ENV: rows_path}
-        return subprocess.call(command, env=env)
+        return launch.relaunch_under_mpiexec(nprocs, [*argv, "--backends", "mpi"],
+                                             module="zerocomm.benchmarks.compression", env={ROWS_ENV: rows_path})
 
     def body(spec: launch.InitSpec) -> int:
         rows = run_world(args, sizes, spec)

@@ -148,13 +148,14 @@ def find_mpiexec() -> str:
                             "`pip install mpich` or start the ranks with your own launcher")
 
 
-def relaunch_under_mpiexec(nprocs: int, argv: list[str]) -> int:
-    """Run ``python -m zerocomm.benchmarks *argv`` as ``nprocs`` MPI ranks; its exit status."""
+def relaunch_under_mpiexec(nprocs: int, argv: list[str], *, module: str = "zerocomm.benchmarks",
+                           env: Optional[Mapping[str, str]] = None) -> int:
+    """Run ``python -m module *argv`` as ``nprocs`` MPI ranks (with ``env`` added); its exit status."""
     if os.environ.get(RELAUNCHED_ENV):
         raise RuntimeError("started by mpiexec but no rank variable (PMI_RANK, OMPI_COMM_WORLD_RANK, "
                            "PMIX_RANK) is set; this mpiexec is not supported")
-    command = [find_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "zerocomm.benchmarks", *argv]
-    return subprocess.call(command, env={**os.environ, RELAUNCHED_ENV: "1"})
+    command = [find_mpiexec(), "-n", str(nprocs), sys.executable, "-m", module, *argv]
+    return subprocess.call(command, env={**os.environ, **(env or {}), RELAUNCHED_ENV: "1"})
 
 
 RankBody = Callable[[InitSpec], int]

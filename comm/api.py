@@ -14,6 +14,7 @@ executor, so ``async_op=True`` stays asynchronous.
 """
 from __future__ import annotations
 
+import datetime
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -197,7 +198,7 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
     dst = 0 if dst is None and group_dst is None else dst
     root = validate.group_rank_of(g, dst, group_dst, "dst", "gather")
     validate.check_tensor(tensor, "tensor", "gather", g)
-    flat, after = None, None
+    flat, unpack = None, None  # the root alone receives, and unpacks into gather_list
     if g.rank == root:
         validate.check_list_length(gather_list, g.size(), "gather_list", "gather", g)
         validate.check_same_dtype(gather_list, tensor.dtype, "gather", g)
@@ -205,7 +206,7 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
             validate.check_numel(item, tensor.numel(), f"gather_list[{index}]", "gather", g)
         flat = torch.empty(g.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
 
-        def after() -> None:
+        def unpack() -> None:
             if tensor.numel():
                 for item, chunk in zip(gather_list, flat.view(g.size(), -1)):
                     item.copy_(chunk.view(item.shape))
@@ -214,7 +215,7 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
                                    f"destination rank {g.ranks[root]}")
     return _launch("gather", g, (flat, _flat(tensor), root), dtype=tensor.dtype, op=None,
                    nbytes=g.size() * tensor.numel() * tensor.element_size(), algorithm=algorithm,
-                   async_op=async_op, outputs=list(gather_list or []), numel=tensor.numel(), root=root, after=after)
+                   async_op=async_op, outputs=list(gather_list or []), numel=tensor.numel(), root=root, after=unpack)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = None, src: Optional[int] = None,
@@ -332,7 +333,6 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
 def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None, *, algorithm: Optional[str] = None):
     """Return once every member of ``group`` has entered the barrier; ``timeout`` overrides the group's."""
     g = resolve_group(group, "barrier")
-    import datetime
     limit = None if timeout_seconds(timeout) is None else datetime.timedelta(seconds=timeout_seconds(timeout))
     return _launch("barrier", g, (), dtype=torch.uint8, op=None, nbytes=0, algorithm=algorithm,
                    async_op=async_op, outputs=[], numel=0, timeout=limit)

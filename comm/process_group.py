@@ -8,7 +8,6 @@ launcher without torch's ``RANK`` variable, else ``gloo``.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import os
 from typing import List, Optional
 

@@ -6,8 +6,6 @@ between the two and says which dtypes admit which operator.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.distributed as _td
 

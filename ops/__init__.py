@@ -1,4 +1,7 @@
-"""zerocomm package."""
+"""zerocomm.ops: local tensor kernels (reductions, chunk bounds, flattening, 1-bit packing).
+
+Nothing here communicates or imports ``zerocomm.comm``; the same kernels serve CPU and CUDA tensors.
+"""
 from .flatten import flatten_tensors, total_numel, unflatten_into, views_into
 from .onebit import (
     ErrorFeedback,
@@ -12,3 +15,11 @@ from .onebit import (
 )
 from .chunk import padded_numel, partition_bounds, segment_bounds
 from .reduce import REDUCE_OPS, finalize_, op_admits, reduce_
+
+__all__ = [
+    "REDUCE_OPS", "op_admits", "reduce_", "finalize_",
+    "partition_bounds", "segment_bounds", "padded_numel",
+    "flatten_tensors", "views_into", "unflatten_into", "total_numel",
+    "pack_signs", "unpack_signs", "pack_signs_numpy", "unpack_signs_numpy", "compress", "decompress",
+    "onebit_padded_numel", "ErrorFeedback",
+]
