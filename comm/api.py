@@ -53,7 +53,10 @@ def _launch(collective: str, group: Group, args: tuple, *, dtype: torch.dtype, o
             after: Optional[Callable[[], None]] = None, timeout=None) -> Optional[Work]:
     """Select the algorithm and run it on the group's executor."""
     config = WORLD.config
-    chosen = select_algorithm(collective, group, dtype, op, nbytes, algorithm, config.algorithm)
+    # Every rank must choose the same algorithm, so only a size all ranks share may steer "auto": an
+    # all_to_all's send size differs between ranks (uneven splits), so it is chosen by world size alone.
+    shared_nbytes = None if collective == "all_to_all" else nbytes
+    chosen = select_algorithm(collective, group, dtype, op, shared_nbytes, algorithm, config.algorithm)
     observers = list(WORLD.observers)
     record = start_record(observers, collective, group, chosen, nbytes)
     transport = group.transport if record is None else CountingTransport(group.transport, record)
@@ -289,6 +292,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                    outputs=[output], numel=-1)
 
 
+
 def _split_counts(tensor: torch.Tensor, splits, what: str, g: Group) -> List[int]:
     """Element counts per rank from dim-0 split sizes (or an even split)."""
     n = g.size()
@@ -325,7 +329,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
         for item, chunk in zip(output_tensor_list, flat_out.split(out_counts)):
             item.copy_(chunk.view(item.shape))
 
-    return _launch("all_to_all", g, (flat_out, flat_in, out_counts, [t.numel() for t in input_tensor_list]),
+    in_counts = [t.numel() for t in input_tensor_list]
+    return _launch("all_to_all", g, (flat_out, flat_in, out_counts, in_counts),
                    dtype=dtype, op=None, nbytes=flat_in.numel() * flat_in.element_size(), algorithm=algorithm,
                    async_op=async_op, outputs=list(output_tensor_list), numel=-1, after=unpack)
 

@@ -215,5 +215,5 @@ def which_algorithm(collective: str, tensor: torch.Tensor, op=None, group=None, 
     from .select import select_algorithm
     g = _group_or_world(group, "which_algorithm")
     name = None if op is None else op_name(op, collective=collective, rank=g.my_global_rank)
-    nbytes = tensor.numel() * tensor.element_size()
+    nbytes = None if collective == "all_to_all" else tensor.numel() * tensor.element_size()  # as api._launch
     return select_algorithm(collective, g, tensor.dtype, name, nbytes, algorithm, WORLD.config.algorithm)

@@ -28,6 +28,7 @@ log = logging.getLogger("zerocomm.comm.select")
 
 _TABLE_PATH = os.path.join(os.path.dirname(__file__), "auto_table.json")
 _CONCRETE = ("native", "ring", "tree", "recursive_doubling")
+_UNBOUNDED = 1 << 62  # the table's "any size" bound (benchmarks/tune.py)
 
 
 @functools.lru_cache(maxsize=1)
@@ -69,10 +70,13 @@ def alternatives(collective: str, transport, dtype: torch.dtype, op: Optional[st
     return [alg for alg in _CONCRETE if alg != exclude and refusal(collective, transport, dtype, op, alg) is None]
 
 
-def _auto(collective: str, transport, dtype, op, nbytes: int) -> str:
+def _auto(collective: str, transport, dtype, op, nbytes: Optional[int]) -> str:
+    """The table's choice.  ``nbytes`` must be the same on every rank (ranks that chose differently
+    would deadlock); ``None`` when it cannot be (uneven all_to_all): then the largest-size row decides."""
     rows = auto_table().get(transport.name, {}).get(collective, [])
     for max_world, max_bytes, algorithm in rows:
-        if transport.size <= max_world and nbytes <= max_bytes:
+        if transport.size <= max_world and (nbytes is None or nbytes <= max_bytes) and (
+                nbytes is not None or max_bytes >= _UNBOUNDED):
             if refusal(collective, transport, dtype, op, algorithm) is None:
                 return algorithm
     for algorithm in _CONCRETE:
@@ -81,7 +85,7 @@ def _auto(collective: str, transport, dtype, op, nbytes: int) -> str:
     return "native"  # nothing serves it: let the explicit path raise the clear error
 
 
-def select_algorithm(collective: str, group, dtype: torch.dtype, op: Optional[str], nbytes: int,
+def select_algorithm(collective: str, group, dtype: torch.dtype, op: Optional[str], nbytes: Optional[int],
                      requested: Optional[str], default: str) -> str:
     """The algorithm that runs this call on ``group``; raises ``UnsupportedError`` if the request cannot."""
     choice = requested if requested is not None else default

@@ -72,6 +72,8 @@ class GlooRequest(Request):
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A uint8 view of a contiguous tensor's bytes (gloo p2p moves bytes, not values)."""
+    if tensor.numel() == 0:  # an empty tensor may have any strides, which view() rejects
+        return torch.empty(0, dtype=torch.uint8)
     return tensor.reshape(-1).view(torch.uint8)
 
 

@@ -154,18 +154,18 @@ class MpiTransport(Transport):
 
     # -- point to point ---------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
-        buf = tensor.reshape(-1).view(torch.uint8).numpy()
+        buf = _byte_array(tensor)
         return MpiRequest(self.p2p.Isend([buf, self.MPI.BYTE], dest=peer, tag=tag),
                           f"send to rank {peer} (tag {tag})", buf)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
-        buf = tensor.reshape(-1).view(torch.uint8).numpy()
+        buf = _byte_array(tensor)
         return MpiRequest(self.p2p.Irecv([buf, self.MPI.BYTE], source=peer, tag=tag),
                           f"recv from rank {peer} (tag {tag})", buf)
 
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
         """Receive from whichever rank sends with ``tag``; the request's ``source()`` says who."""
-        buf = tensor.reshape(-1).view(torch.uint8).numpy()
+        buf = _byte_array(tensor)
         status = self.MPI.Status()
         request = MpiRequest(self.p2p.Irecv([buf, self.MPI.BYTE], source=self.MPI.ANY_SOURCE, tag=tag),
                              f"recv from any rank (tag {tag})", buf, status=status)
@@ -283,6 +283,13 @@ class MpiTransport(Transport):
 
     def native_barrier(self, *, tag, deadline, segment_bytes) -> None:
         self._finish(self.comm.Ibarrier(), "Ibarrier", deadline)
+
+
+def _byte_array(tensor: torch.Tensor):
+    """The tensor's bytes as a numpy uint8 view (an empty tensor, whatever its strides, as an empty array)."""
+    if tensor.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8).numpy()
+    return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
 def _displacements(counts) -> list:
