@@ -45,16 +45,16 @@ def dtype_op_pairs() -> list[tuple[torch.dtype, str]]:
 def rank_values(rank: int, numel: int, dtype: torch.dtype, op: str = "sum", salt: int = 0) -> np.ndarray:
     """Rank ``rank``'s input as a numpy array (float64, int64 or bool) whose reduction is exact."""
     i = np.arange(numel, dtype=np.int64)
-    # The rank*i term keeps every index's column of per-rank values different: without it, sums over
-    # some world sizes were zero at every index and bool inputs ignored the index, so a collective
-    # that zeroed its output or mixed up indices could pass.
-    salt = salt + rank * i
     k = kind(dtype)
     signed = dtype not in (torch.uint8, torch.bool)
     if k == "bool":
-        if op in ("min", "band"):  # mostly True, so the conjunction varies
-            return ((rank * 5 + i * 3 + salt) % 7) != 0
-        return ((rank * 5 + i * 2 + salt) % 3) == 0
+        # Seeded coin flips per (rank, index): patterns differ across ranks and indices at every world
+        # size; for min/band mostly True, so the conjunction of up to 8 ranks still varies.
+        rng = np.random.default_rng([rank, salt, 2026])
+        return rng.random(numel) < (0.8 if op in ("min", "band") else 0.5)
+    # The rank*i term keeps every index's column of per-rank values different: without it, sums over
+    # some world sizes were zero at every index, so a collective that zeroed its output could pass.
+    salt = salt + rank * i
     if op in ("sum", "avg"):
         v = (rank * 7 + i * 3 + salt) % 9
         v = v - 4 if signed else v
