@@ -49,9 +49,10 @@ def rank_values(rank: int, numel: int, dtype: torch.dtype, op: str = "sum", salt
     signed = dtype not in (torch.uint8, torch.bool)
     if k == "bool":
         # Seeded coin flips per (rank, index): patterns differ across ranks and indices at every world
-        # size; for min/band mostly True, so the conjunction of up to 8 ranks still varies.
+        # size; mostly True for and (min/band), mostly False for or (max/bor), so that the result over
+        # up to 8 ranks still varies along the index.
         rng = np.random.default_rng([rank, salt, 2026])
-        return rng.random(numel) < (0.8 if op in ("min", "band") else 0.5)
+        return rng.random(numel) < {"min": 0.8, "band": 0.8, "max": 0.2, "bor": 0.2}.get(op, 0.5)
     # The rank*i term keeps every index's column of per-rank values different: without it, sums over
     # some world sizes were zero at every index, so a collective that zeroed its output could pass.
     salt = salt + rank * i
