@@ -1,1 +1,18 @@
-"""zerocomm package."""
+"""zerocomm.zero: ZeRO stages 0-3 on zerocomm.comm's public API.
+
+``initialize(model, optimizer_factory, config, group=None) -> (model, optimizer)``; see
+initialize.py for the training loop, config.py for the settings (and the DeepSpeed keys read),
+stage0.py ... stage3.py for what each stage keeps and sends, checkpoint.py for ``optimizer.save`` /
+``optimizer.load`` (any world size) and consolidate.py for ``consolidate`` and its command line.
+"""
+from .config import ZeroConfig
+from .errors import CheckpointError, ZeroConfigError, ZeroError, ZeroStateError
+from .initialize import as_config, initialize
+from .checkpoint import load_checkpoint, save_checkpoint
+from .consolidate import consolidate
+from .optimizer import ZeroOptimizer
+
+__all__ = ["initialize", "as_config", "ZeroConfig", "ZeroOptimizer", "ZeroError", "ZeroConfigError",
+           "ZeroStateError", "CheckpointError", "save_checkpoint", "load_checkpoint", "consolidate"]
+from .onebit_adam import OneBitAdam  # noqa: E402
+__all__ += ["OneBitAdam"]

@@ -1,0 +1,272 @@
+"""ZeRO benchmark: zerocomm stages 0-3 beside torch DDP, ZeroRedundancyOptimizer and FSDP2.
+
+    python -m zerocomm.benchmarks.zero_bench --world-sizes 2 4 --steps 5
+
+Every variant runs in freshly forked ranks (gloo over a FileStore in a temporary folder); all train
+the same seeded TinyLM on the same batches with Adam, fp32.
+
+``step ms``: the median over the measured steps (after warm-up) of the slowest rank's wall time
+for forward + backward + step (+ waiting for zerocomm's post-step all_gather).
+``peak MiB``: the rank's peak resident set during model construction, wrapping and training, above
+its resident set just before (Linux ``VmHWM`` reset through ``clear_refs``; lazily loaded kernels
+are warmed up first; glibc is told to return large freed blocks at once), the largest over ranks.
+``model states MiB``: parameters + gradients + optimizer state this rank holds after a step
+(zerocomm: ``model_state_bytes()``; torch: local shards of parameters, ``param.grad`` and the
+optimizer's state; DDP's own bucket copies of the gradients are not included).
+``sent/step MiB``: bytes one rank sends in one step — measured message by message for zerocomm's
+ring; for native gloo collectives zerocomm reports the optimal schedule's bytes, although gloo's
+reduce_scatter really runs a full all_reduce (so native stages 1-3 move more than shown); the
+textbook value for the torch variants (DDP 2Φ(N−1)/N, ZeroRedundancyOptimizer and FSDP2 3Φ(N−1)/N).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+from .models import LMShape, TinyLM, batch_for, loss_fn
+
+VARIANTS = [("torch DDP", None), ("torch ZeroRedundancyOptimizer", None), ("torch FSDP2", None),
+            ("zerocomm stage 0", "native"), ("zerocomm stage 1", "native"), ("zerocomm stage 2", "native"),
+            ("zerocomm stage 1", "ring"), ("zerocomm stage 2", "ring"), ("zerocomm stage 3", "native"),
+            ("zerocomm stage 3", "ring")]
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak() -> int:
+    """Reset this process's peak resident set (Linux: ``clear_refs`` 5) and return the current one."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass  # then the peak also counts what came before
+    return _rss_bytes()
+
+
+def _peak_bytes() -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _adam(params):
+    return torch.optim.Adam(params, lr=1e-4)
+
+
+def _local_bytes(tensor) -> int:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # FSDP2's DTensors: this rank's shard
+    return local.numel() * local.element_size()
+
+
+def _torch_states(model, optimizer) -> int:
+    """Bytes of parameters, their gradients and the optimizer's state tensors on this rank."""
+    total = sum(_local_bytes(p) for p in model.parameters())
+    total += sum(_local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer here
+    for state in inner.state.values():
+        total += sum(_local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total
+
+
+def _return_freed_memory() -> None:
+    """A fixed mmap threshold makes glibc return every large freed block to the system at once, so the
+    resident set follows live memory (the dynamic threshold would keep freed buffers resident)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB
+    except (OSError, AttributeError):
+        pass
+
+
+def _warm_up() -> None:
+    """Load what every variant loads lazily (optimizer, autograd and attention kernels, torch's
+    distributed modules), so the measured peak is the variant's own."""
+    import torch.distributed.optim  # noqa: F401
+    import zerocomm.zero  # noqa: F401
+
+    model = TinyLM(LMShape())
+    optimizer = _adam(model.parameters())
+    x, y = batch_for(model, seed=0, rank=0, step=0)
+    loss_fn(model, model(x), y).backward()
+    optimizer.step()
+
+
+def _model(args):
+    torch.manual_seed(0)
+    model = TinyLM(LMShape(**args.shape))
+    return model, sum(p.numel() for p in model.parameters())
+
+
+def _torch_variant(name: str, model, phi: int, world: int):
+    """(model to call, model that owns the data recipe, optimizer, textbook bytes sent per step)."""
+    one_phi = 4 * phi * (world - 1) // world
+    if "FSDP2" in name:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model, model, _adam(model.parameters()), 3 * one_phi  # all_gather twice, reduce_scatter
+    from torch.nn.parallel import DistributedDataParallel
+
+    wrapped = DistributedDataParallel(model)
+    if "Redundancy" in name:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
+        return wrapped, model, optimizer, 3 * one_phi  # all_reduce, then every shard broadcast
+    return wrapped, model, _adam(wrapped.parameters()), 2 * one_phi
+
+
+def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
+    try:
+        _return_freed_memory()
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
+        timeout = datetime.timedelta(seconds=300)
+        sent = None
+        if name.startswith("torch"):
+            import torch.distributed as td
+
+            td.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+            td.all_reduce(torch.ones(1))  # the first collective's lazy set-up is not the model's memory
+            _warm_up()
+            base = _reset_peak()
+            model, phi = _model(args)
+            model, data_model, optimizer, sent = _torch_variant(name, model, phi, world)
+            synchronize, barrier, states = (lambda: None), td.barrier, None
+        else:
+            import zerocomm.comm as dist
+            from zerocomm.zero import ZeroConfig, initialize
+
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+            for algorithm_name in ("native", "ring"):
+                dist.all_reduce(torch.ones(1), algorithm=algorithm_name)
+            _warm_up()
+            base = _reset_peak()
+            model, phi = _model(args)
+            stage = int(name.rsplit(" ", 1)[1])
+            model, optimizer = initialize(model, _adam, ZeroConfig(stage=stage, algorithm=algorithm,
+                                                                   reduce_bucket_numel=args.bucket_numel,
+                                                                   allgather_bucket_numel=args.bucket_numel))
+            data_model, synchronize, barrier = model, optimizer.synchronize, dist.barrier
+        times = []
+        for step in range(args.warmup + args.steps):
+            x, y = batch_for(data_model, seed=0, rank=rank, step=step, batch_size=args.batch)
+            barrier()
+            start = time.perf_counter()
+            if name.startswith("zerocomm") and step == args.warmup:
+                import zerocomm.comm as dist
+                with dist.count_bytes() as counter:
+                    loss_fn(data_model, model(x), y).backward()
+                    optimizer.step()
+                    synchronize()
+                sent = counter.bytes_sent
+            else:
+                loss_fn(data_model, model(x), y).backward()
+                if name.startswith("torch") and step == args.warmup:
+                    states = _torch_states(model, optimizer)
+                optimizer.step()
+                synchronize()
+            optimizer.zero_grad()
+            if step >= args.warmup:
+                times.append(time.perf_counter() - start)
+        if name.startswith("zerocomm"):
+            states = sum(optimizer.model_state_bytes().values())
+        peak = _peak_bytes() - base
+        conn.send(("ok", {"times": times, "peak": peak, "states": states, "sent": sent, "phi": phi}))
+    except BaseException:  # reported by the parent
+        conn.send(("err", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def run_variant(world: int, name: str, algorithm, args) -> list:
+    """Fork ``world`` ranks for one variant and return their reports (index = rank)."""
+    context = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="zero-bench-") as store_dir:
+        pipes, procs = [], []
+        for rank in range(world):
+            parent, child = context.Pipe(duplex=False)
+            proc = context.Process(target=_run_variant, args=(rank, world, store_dir, name, algorithm, args, child),
+                                   daemon=True)
+            proc.start()
+            child.close()
+            pipes.append(parent)
+            procs.append(proc)
+        reports = []
+        for rank, (pipe, proc) in enumerate(zip(pipes, procs)):
+            if not pipe.poll(args.timeout):
+                for other in procs:
+                    other.kill()
+                raise TimeoutError(f"{name} at world size {world}: rank {rank} did not report within {args.timeout} s")
+            status, value = pipe.recv()
+            if status != "ok":
+                for other in procs:
+                    other.kill()
+                raise RuntimeError(f"{name} at world size {world}: rank {rank} failed:\n{value}")
+            reports.append(value)
+        for proc in procs:
+            proc.join(10)
+    return reports
+
+
+def summarize(world: int, name: str, algorithm, reports: list) -> list:
+    slowest = [max(r["times"][i] for r in reports) for i in range(len(reports[0]["times"]))]
+    mib = 1 << 20
+    return [world, name, algorithm or "-", f"{statistics.median(slowest) * 1e3:.0f}",
+            f"{max(r['peak'] for r in reports) / mib:.1f}", f"{max(r['states'] for r in reports) / mib:.1f}",
+            f"{max(r['sent'] for r in reports) / mib:.1f}"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--steps", type=int, default=5, help="measured steps per variant")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
+    parser.add_argument("--bucket-numel", type=int, default=1 << 21)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--small", action="store_true", help="a 30 K-parameter model (smoke test)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="WORD",
+                        help="run only the variants whose 'name algorithm' contains one of these words")
+    args = parser.parse_args(argv)
+    shape = LMShape() if args.small else TinyLM.benchmark_size()
+    args.shape = {field: getattr(shape, field) for field in LMShape.__dataclass_fields__}
+    rows = []
+    for world in args.world_sizes:
+        for name, algorithm in VARIANTS:
+            if args.only and not any(word in f"{name} {algorithm}" for word in args.only):
+                continue
+            reports = run_variant(world, name, algorithm, args)
+            rows.append(summarize(world, name, algorithm, reports))
+            print(" | ".join(str(cell) for cell in rows[-1]), file=sys.stderr, flush=True)
+    phi = reports[0]["phi"]
+    from tabulate import tabulate
+
+    print(f"TinyLM {shape}: Φ = {phi:,} parameters, fp32, Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
+          f"gloo, {os.cpu_count()} cores")
+    print(tabulate(rows, headers=["N", "variant", "algorithm", "step ms", "peak MiB", "model states MiB",
+                                  "sent/step MiB"], tablefmt="github"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
