@@ -84,7 +84,7 @@ def _launch(collective: str, group: Group, args: tuple, *, dtype: torch.dtype, o
             run(tag, deadline)
             record.end_s = now()
             if chosen == "native":
-                estimate_native(record)
+                estimate_native(record, group.transport)
             for observer in observers:
                 observer.on_end(record)
         if after is not None:

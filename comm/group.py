@@ -154,6 +154,8 @@ class Group:
             finally:
                 with self._seq_lock:
                     self._outstanding -= 1
+                # Drop this task's references now: waiting for the next task would keep its buffers alive.
+                del item, description, body, future
 
     def close(self) -> None:
         """Stop the executor (after the queued work) and release the transport."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import List, Optional
 
 import torch
@@ -72,6 +73,8 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         raise InvalidArgumentError(f"init_process_group: world_size {world_size} does not match the launcher's "
                                    f"{transport.size}")
     WORLD.config = CommConfig.from_env()
+    if WORLD.config.switch_interval_s > 0:
+        sys.setswitchinterval(WORLD.config.switch_interval_s)
     WORLD.default = Group(list(range(transport.size)), transport.rank, transport, timeout, backend, "world")
     WORLD.groups["world"] = WORLD.default
     if WORLD.config.profile_path:

@@ -134,9 +134,12 @@ def start_record(observers, op: str, group, algorithm: str, size_bytes: int) -> 
                       size_bytes=size_bytes, rank=group.my_global_rank)
 
 
-def estimate_native(record: CallRecord) -> None:
-    """Fill a native call's bytes with the optimal schedule's (the backend's own traffic is not visible)."""
-    moved = int(round(bus_factor(record.op, record.group_size) * record.size_bytes))
+def estimate_native(record: CallRecord, transport=None) -> None:
+    """Fill a native call's bytes from the backend's schedule (its own traffic is not visible to zerocomm):
+    the optimal one, unless the transport says otherwise (``native_bus_factor``, e.g. gloo's reduce_scatter,
+    which is a whole all_reduce)."""
+    factor = getattr(transport, "native_bus_factor", bus_factor)
+    moved = int(round(factor(record.op, record.group_size) * record.size_bytes))
     record.bytes_sent = record.bytes_received = moved
     record.measured = False
 

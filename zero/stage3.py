@@ -114,8 +114,9 @@ class Stage3Optimizer(ZeroOptimizer):
                 self._free(u)
 
     def _collectives_pin_storage(self, device) -> bool:
-        """Whether a collective on a tensor leaves its storage unresizable (the MPI backend hands
-        mpi4py a numpy view, which pins it).  Then units gather into a staging buffer and copy,
+        """Whether a collective on a tensor leaves its storage unresizable (a backend that hands its
+        library ``Tensor.numpy()`` views pins the storage; zerocomm's own backends do not, so this only
+        guards other backends).  Then units gather into a staging buffer and copy,
         because a pinned full buffer could never be released."""
         probe = torch.zeros(self.world_size, dtype=self.dtype, device=device)
         dist.all_gather_into_tensor(probe, probe[self.rank:self.rank + 1].clone(), group=self.group,

@@ -106,6 +106,16 @@ class _RingPass:
             self._recvs[(j, k)] = (self.t.irecv(region, self.left, self.tag), region)
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            # The callbacks close over the caller's buffers and (recv_into) over this object: drop them,
+            # so the cycle does not keep inputs and scratch alive until the garbage collector runs.
+            self.send_at = self.recv_into = self.arrived = None
+            self._sends.clear()
+            self._recvs.clear()
+
+    def _run(self) -> None:
         for k in range(self.nsegs):
             self._post_send(0, k)
         for k in range(self.nsegs):

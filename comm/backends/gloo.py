@@ -17,6 +17,7 @@ import torch
 import torch.distributed as td
 
 from ...ops.reduce import finalize_
+from ..traffic import bus_factor
 from ..transport import Request, Transport, remaining
 
 _C = torch._C._distributed_c10d
@@ -124,6 +125,13 @@ class GlooTransport(Transport):
     @classmethod
     def native_table(cls) -> dict:
         return dict(NATIVE_TABLE)
+
+    @staticmethod
+    def native_bus_factor(collective: str, n: int) -> float:
+        """Bytes per byte of S that gloo's own collective moves per rank (for ``count_bytes``)."""
+        if collective == "reduce_scatter":  # torch's gloo runs a full all_reduce (NATIVE_TABLE)
+            return bus_factor("all_reduce", n)
+        return bus_factor(collective, n)
 
     # -- native collectives: same arguments as the algorithms, blocking ---------------
     def _finish(self, work, what: str, deadline: Optional[float]) -> None:

@@ -18,6 +18,7 @@ import os
 import time
 from typing import Dict, Optional, Sequence
 
+import numpy as np
 import torch
 
 from ...ops.reduce import finalize_, reduce_
@@ -127,10 +128,10 @@ class MpiTransport(Transport):
         flat = tensor.reshape(-1)
         mpi_type = self._types.get(tensor.dtype)
         if mpi_type is None:  # bfloat16 (and float16 without MPIX_C_FLOAT16): 2-byte words
-            return [flat.view(torch.int16).numpy(), flat.numel(), self.MPI.INT16_T]
+            return [_numpy_view(flat.view(torch.int16)), flat.numel(), self.MPI.INT16_T]
         if tensor.dtype == torch.bool:
-            return [flat.view(torch.uint8).numpy(), flat.numel(), mpi_type]
-        return [flat.numpy(), flat.numel(), mpi_type]
+            return [_numpy_view(flat.view(torch.uint8)), flat.numel(), mpi_type]
+        return [_numpy_view(flat), flat.numel(), mpi_type]
 
     def _op(self, op: str, dtype: torch.dtype):
         if dtype not in self._types:
@@ -156,19 +157,19 @@ class MpiTransport(Transport):
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _byte_array(tensor)
         return MpiRequest(self.p2p.Isend([buf, self.MPI.BYTE], dest=peer, tag=tag),
-                          f"send to rank {peer} (tag {tag})", buf)
+                          f"send to rank {peer} (tag {tag})", (tensor, buf))
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _byte_array(tensor)
         return MpiRequest(self.p2p.Irecv([buf, self.MPI.BYTE], source=peer, tag=tag),
-                          f"recv from rank {peer} (tag {tag})", buf)
+                          f"recv from rank {peer} (tag {tag})", (tensor, buf))
 
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
         """Receive from whichever rank sends with ``tag``; the request's ``source()`` says who."""
         buf = _byte_array(tensor)
         status = self.MPI.Status()
         request = MpiRequest(self.p2p.Irecv([buf, self.MPI.BYTE], source=self.MPI.ANY_SOURCE, tag=tag),
-                             f"recv from any rank (tag {tag})", buf, status=status)
+                             f"recv from any rank (tag {tag})", (tensor, buf), status=status)
         request.source = status.Get_source
         return request
 
@@ -288,8 +289,33 @@ class MpiTransport(Transport):
 def _byte_array(tensor: torch.Tensor):
     """The tensor's bytes as a numpy uint8 view (an empty tensor, whatever its strides, as an empty array)."""
     if tensor.numel() == 0:
-        return torch.empty(0, dtype=torch.uint8).numpy()
-    return tensor.reshape(-1).view(torch.uint8).numpy()
+        return np.empty(0, dtype=np.uint8)
+    return _numpy_view(tensor.reshape(-1).view(torch.uint8))
+
+
+class _Memory:
+    """Describes a tensor's memory to numpy through ``__array_interface__``."""
+
+    __slots__ = ("__array_interface__",)
+
+
+_NUMPY_TYPES = {torch.float32: "<f4", torch.float64: "<f8", torch.float16: "<f2", torch.int8: "|i1",
+                torch.int16: "<i2", torch.int32: "<i4", torch.int64: "<i8", torch.uint8: "|u1"}
+
+
+def _numpy_view(flat: torch.Tensor) -> np.ndarray:
+    """A numpy array over a contiguous 1-D CPU tensor's memory, without ``Tensor.numpy()``.
+
+    ``Tensor.numpy()`` marks the storage unresizable for good, which would stop ZeRO stage 3 from
+    freeing parameters (``untyped_storage().resize_(0)``) after MPI touched them.  The array holds
+    no reference to the tensor: callers keep the tensor alive until MPI is done with it.
+    """
+    if flat.numel() == 0:
+        return np.empty(0, dtype=_NUMPY_TYPES[flat.dtype])
+    memory = _Memory()
+    memory.__array_interface__ = {"shape": (flat.numel(),), "typestr": _NUMPY_TYPES[flat.dtype],
+                                  "data": (flat.data_ptr(), False), "version": 3}
+    return np.asarray(memory)
 
 
 def _displacements(counts) -> list:
