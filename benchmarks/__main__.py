@@ -71,6 +71,10 @@ def collectives_parser(prog: str = "zerocomm-bench") -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="PATH", help="write metadata and rows as JSON (rank 0)")
     parser.add_argument("--csv", metavar="PATH", help="write rows as CSV (rank 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--plot", metavar="PNG", help="write busbw against size, one line per algorithm (rank 0)")
+    parser.add_argument("--compare", metavar="BACKENDS",
+                        help="run these backends side by side (e.g. gloo,mpi; --nprocs may list sizes, e.g. 2,4) "
+                             "and print ratios to each backend's native and to the first backend's native")
     return parser
 
 
@@ -170,10 +174,26 @@ def _write_report(args: argparse.Namespace, cfg: SweepConfig, rows: list, meta: 
         report.write_json(args.json, meta, rows)
     if args.csv:
         report.write_csv(args.csv, rows)
+    if args.plot:
+        from .compare import plot
+        plot([{**record, "backend": meta["backend"], "world_size": meta["world_size"]}
+              for record in report.rows_as_dicts(rows)], args.plot)
 
 
 def collectives_main(argv: Sequence[str]) -> int:
     """The ``collectives`` subcommand; ``argv`` are its options."""
+    argv = list(argv)
+    if "--compare" in argv:  # several worlds side by side: the compare subcommand runs them
+        at = argv.index("--compare")
+        if at + 1 >= len(argv):
+            collectives_parser().error("--compare needs a comma-separated list of backends")
+        backends = argv[at + 1]
+        rest = argv[:at] + argv[at + 2:]
+        rest = [item for item in rest if not item.startswith("--backend=")]
+        if "--backend" in rest:
+            index = rest.index("--backend")
+            del rest[index:index + 2]
+        return compare_main(["--backends", backends, *rest])
     parser = collectives_parser()
     args = parser.parse_args(list(argv))
     if args.nprocs is not None and args.nprocs < 1:
@@ -218,7 +238,14 @@ def compression_main(argv: Sequence[str]) -> int:
     return compression.main(list(argv))
 
 
-SUBCOMMANDS = {"collectives": collectives_main, "tune": tune_main, "compression": compression_main}
+def compare_main(argv: Sequence[str]) -> int:
+    """The ``compare`` subcommand: several backends and world sizes side by side, with ratios."""
+    from . import compare
+    return compare.main(list(argv))
+
+
+SUBCOMMANDS = {"collectives": collectives_main, "compare": compare_main, "tune": tune_main,
+               "compression": compression_main}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
