@@ -103,6 +103,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"where to write the table (default: {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     table: Dict[str, object] = {}
+    if os.path.exists(args.out):  # keep the backends this run does not measure
+        with open(args.out) as handle:
+            table = {k: v for k, v in json.load(handle).items() if k != "_measured"}
     for backend in args.backends.split(","):
         per_world = {}
         for world in (int(w) for w in args.world_sizes.split(",")):
