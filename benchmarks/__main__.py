@@ -62,6 +62,8 @@ def collectives_parser(prog: str = "zerocomm-bench") -> argparse.ArgumentParser:
     parser.add_argument("--op", default="sum", choices=REDUCE_OPS, help="reduction op (default: sum)")
     parser.add_argument("--root", type=int, default=0, help="root rank of rooted collectives (default: 0)")
     parser.add_argument("--check", action="store_true", help="validate each result against a numpy reference")
+    parser.add_argument("--in-place", action="store_true",
+                        help="all_gather into / reduce_scatter out of this rank's chunk of the big buffer")
     parser.add_argument("--device", default=None, choices=("cpu", "cuda"),
                         help="buffer device (default: cuda for nccl, else cpu)")
     parser.add_argument("--threads", type=int, default=1,
@@ -88,7 +90,7 @@ def _sweep_config(args: argparse.Namespace, parser: argparse.ArgumentParser, dis
         return SweepConfig(
             collectives=collectives, algorithms=algorithms,
             sizes=tuple(size_sweep(args.sizes, args.factor)), dtype=args.dtype, op=args.op,
-            root=args.root, warmup=args.warmup, iters=args.iters, check=args.check,
+            root=args.root, warmup=args.warmup, iters=args.iters, check=args.check, in_place=args.in_place,
             device=args.device or ("cuda" if args.backend == "nccl" else "cpu"),
         )
     except ValueError as exc:
@@ -111,6 +113,7 @@ def _metadata(args: argparse.Namespace, cfg: SweepConfig, dist: ModuleType, worl
         "warmup": cfg.warmup,
         "iters": cfg.iters,
         "check": cfg.check,
+        "in_place": cfg.in_place,
         "device": cfg.device,
         "threads": args.threads,
         "timing": report.TIMING_CONVENTION,
@@ -244,8 +247,14 @@ def compare_main(argv: Sequence[str]) -> int:
     return compare.main(list(argv))
 
 
+def zero_main(argv: Sequence[str]) -> int:
+    """The ``zero`` subcommand: ZeRO stages against torch DDP / ZeroRedundancyOptimizer / FSDP2."""
+    from . import zero_bench
+    return zero_bench.main(list(argv))
+
+
 SUBCOMMANDS = {"collectives": collectives_main, "compare": compare_main, "tune": tune_main,
-               "compression": compression_main}
+               "compression": compression_main, "zero": zero_main}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -8,7 +8,9 @@ Timing follows nccl-tests: for each cell (collective, size, algorithm) the rank 
 ``warmup`` calls, enters a barrier, then times ``iters`` back-to-back blocking calls
 together and divides by ``iters``.  The reported time is the maximum of that average
 over ranks (a collective is done when its slowest rank is), gathered with
-``all_gather_into_tensor``.  Algorithms of one (collective, size) run one after the
+``all_gather_into_tensor``.  Each call of the loop is also timed on its own (no barrier
+between calls, so the loop is unchanged), giving the min / median / max per call, each
+the maximum over ranks.  Algorithms of one (collective, size) run one after the
 other, so drift on a shared machine affects their comparison as little as possible.
 """
 from __future__ import annotations
@@ -62,6 +64,10 @@ class SweepConfig:
     """Fill inputs with ``reference`` patterns and count wrong elements after the first call."""
     device: str = "cpu"
     """Device of every buffer (``"cpu"``, or ``"cuda"`` for NCCL)."""
+    in_place: bool = False
+    """all_gather: the input is this rank's chunk of the output; reduce_scatter: the output is this
+    rank's chunk of the input (nccl-tests' in-place).  broadcast, reduce and all_reduce are always in
+    place, as in torch; the other collectives have no in-place form."""
 
     def __post_init__(self) -> None:
         unknown = [c for c in self.collectives if c not in COLLECTIVES]
@@ -102,6 +108,12 @@ class Row:
     """algbw x bus factor of the group size, in GB/s."""
     wrong: Optional[int]
     """Wrong elements summed over ranks; ``None`` when not checked or unsupported."""
+    time_min_us: Optional[float] = None
+    """Fastest single call (each rank's), maximum over ranks, in µs."""
+    time_median_us: Optional[float] = None
+    """Median single call, maximum over ranks, in µs."""
+    time_max_us: Optional[float] = None
+    """Slowest single call, maximum over ranks, in µs."""
     rank_times_us: tuple[float, ...] = ()
     """Each rank's average time per call, by rank, in µs."""
     note: str = ""
@@ -160,10 +172,14 @@ def _build_case(dist: ModuleType, collective: str, layout: Layout, rank: int, n:
         parts = list(recv.split(chunk)) if recv is not None else None
         case = _Case(lambda: dist.gather(inp, gather_list=parts, dst=root, **kw), recv)
     elif collective == "all_gather":
-        inp, out = source(rank), empty(n * chunk)
+        out = empty(n * chunk)
+        inp = out[rank * chunk:(rank + 1) * chunk] if cfg.in_place else source(rank)
+        if cfg.in_place:
+            inp.copy_(source(rank))
         case = _Case(lambda: dist.all_gather_into_tensor(out, inp, **kw), out)
     elif collective == "reduce_scatter":
-        inp, out = source(rank), empty(chunk)
+        inp = source(rank)
+        out = inp[rank * chunk:(rank + 1) * chunk] if cfg.in_place else empty(chunk)
         case = _Case(lambda: dist.reduce_scatter_tensor(out, inp, op=reduce_op, **kw), out)
     elif collective == "all_to_all":
         inp, out = source(rank), empty(n * chunk)
@@ -190,23 +206,27 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _time_calls(dist: ModuleType, case: _Case, cfg: SweepConfig) -> float:
-    """Seconds per call on this rank: ``warmup`` calls, a barrier, ``iters`` calls timed together."""
+def _time_calls(dist: ModuleType, case: _Case, cfg: SweepConfig) -> tuple[float, float, float, float]:
+    """(mean, min, median, max) seconds per call on this rank: ``warmup`` calls, a barrier, then
+    ``iters`` back-to-back calls; the mean is their span over ``iters`` (nccl-tests), the others come
+    from per-call stamps taken inside the same loop."""
     for _ in range(cfg.warmup):
         case.run()
     _synchronize(cfg.device)
     dist.barrier()
-    start = time.perf_counter()
+    stamps = [time.perf_counter()]
     for _ in range(cfg.iters):
         case.run()
-    _synchronize(cfg.device)
-    return (time.perf_counter() - start) / cfg.iters
+        _synchronize(cfg.device)
+        stamps.append(time.perf_counter())
+    calls = sorted(b - a for a, b in zip(stamps, stamps[1:]))
+    return (stamps[-1] - stamps[0]) / cfg.iters, calls[0], float(np.median(calls)), calls[-1]
 
 
 def _measure_cell(dist: ModuleType, collective: str, layout: Layout, algorithm: str,
                   cfg: SweepConfig, rank: int, n: int) -> Row:
     """Run one cell on this rank and combine every rank's numbers into its :class:`Row`."""
-    seconds, wrong, unsupported, note = 0.0, 0, 0.0, ""
+    seconds, wrong, unsupported, note = (0.0, 0.0, 0.0, 0.0), 0, 0.0, ""
     try:
         case = _build_case(dist, collective, layout, rank, n, cfg, algorithm)
         if cfg.check:
@@ -218,12 +238,12 @@ def _measure_cell(dist: ModuleType, collective: str, layout: Layout, algorithm: 
         # Raised alike on every rank before any byte moved (the error's contract), so all
         # ranks reach the exchange below together and the sweep goes on.
         unsupported, note = 1.0, str(exc)
-    stats = torch.tensor([seconds, float(wrong), unsupported], dtype=torch.float64, device=cfg.device)
-    gathered = torch.empty(3 * n, dtype=torch.float64, device=cfg.device)
+    stats = torch.tensor([*seconds, float(wrong), unsupported], dtype=torch.float64, device=cfg.device)
+    gathered = torch.empty(6 * n, dtype=torch.float64, device=cfg.device)
     # "native": the exchange must work whatever algorithm is under test or set as the default.
     dist.all_gather_into_tensor(gathered, stats, **algorithm_kwargs(dist, "native"))
-    per_rank = gathered.to("cpu").view(n, 3)
-    flags = per_rank[:, 2].tolist()
+    per_rank = gathered.to("cpu").view(n, 6)
+    flags = per_rank[:, 5].tolist()
     if any(flags) and not all(flags):
         bad = [r for r, flag in enumerate(flags) if flag]
         raise RuntimeError(f"{collective} ({algorithm}, {layout.nbytes} B): ranks {bad} found it "
@@ -234,6 +254,7 @@ def _measure_cell(dist: ModuleType, collective: str, layout: Layout, algorithm: 
                    time_us=None, algbw=None, busbw=None, wrong=None, note=note or "unsupported")
     rank_seconds = per_rank[:, 0].tolist()
     slowest = max(rank_seconds)
+    call_min, call_median, call_max = (float(per_rank[:, column].max()) * 1e6 for column in (1, 2, 3))
     return Row(
         collective=collective,
         algorithm=algorithm,
@@ -242,7 +263,10 @@ def _measure_cell(dist: ModuleType, collective: str, layout: Layout, algorithm: 
         time_us=slowest * 1e6,
         algbw=algbw_gbps(layout.nbytes, slowest),
         busbw=busbw_gbps(collective, layout.nbytes, slowest, n),
-        wrong=int(per_rank[:, 1].sum().item()) if cfg.check else None,
+        wrong=int(per_rank[:, 4].sum().item()) if cfg.check else None,
+        time_min_us=call_min,
+        time_median_us=call_median,
+        time_max_us=call_max,
         rank_times_us=tuple(s * 1e6 for s in rank_seconds),
     )
 

@@ -18,7 +18,8 @@ from .units import ROOTED
 TIMING_CONVENTION = "nccl-tests: warm-up calls, a barrier, then back-to-back calls timed together and averaged"
 
 #: CSV columns, in order (every field of Row but the per-rank tuple, plus the ratio).
-CSV_FIELDS = ("collective", "algorithm", "size", "count", "time_us", "algbw", "busbw",
+CSV_FIELDS = ("collective", "algorithm", "size", "count", "time_us", "time_min_us", "time_median_us",
+              "time_max_us", "algbw", "busbw",
               "busbw_vs_native", "wrong", "note")
 
 
@@ -49,7 +50,9 @@ def header_lines(meta: dict[str, Any]) -> list[str]:
         f"op {meta['op']}" + (f", root {meta['root']} ({roots})" if roots else ""),
         f"# timing ({TIMING_CONVENTION}): {meta['warmup']} warm-up calls, a barrier, "
         f"{meta['iters']} back-to-back blocking calls;",
-        "#   time = their span / iters on each rank, the maximum over ranks, in µs",
+        "#   time = their span / iters on each rank, the maximum over ranks, in µs;",
+        "#   min / median / max = single calls of that loop, each the maximum over ranks, in µs"
+        + (" (in place)" if meta.get("in_place") else ""),
         "# size = S in bytes: all_reduce, broadcast, reduce: the buffer; all_gather: the gathered output;",
         "#   reduce_scatter: the full input; all_to_all: the full send buffer; gather: root's receive buffer;",
         "#   scatter: root's send buffer.  count = elements of one rank's share",
@@ -85,7 +88,8 @@ def format_table(rows: Sequence[Row], *, check: bool, show_ratio: bool) -> str:
     """
     ratios = native_ratios(rows)
     footnotes = _footnotes(rows)
-    headers = ["collective", "algorithm", "size (B)", "count", "time (µs)", "algbw (GB/s)", "busbw (GB/s)"]
+    headers = ["collective", "algorithm", "size (B)", "count", "time (µs)", "min", "median", "max",
+               "algbw (GB/s)", "busbw (GB/s)"]
     if show_ratio:
         headers.append("busbw/native")
     headers.append("#wrong")
@@ -94,6 +98,7 @@ def format_table(rows: Sequence[Row], *, check: bool, show_ratio: bool) -> str:
     body = []
     for row, ratio in zip(rows, ratios):
         line = [row.collective, row.algorithm, str(row.size), str(row.count), _number(row.time_us, ".1f"),
+                _number(row.time_min_us, ".1f"), _number(row.time_median_us, ".1f"), _number(row.time_max_us, ".1f"),
                 _number(row.algbw, ".4f"), _number(row.busbw, ".4f")]
         if show_ratio:
             line.append(_number(ratio, ".2f"))

@@ -247,6 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--small", action="store_true", help="a 30 K-parameter model (smoke test)")
     parser.add_argument("--only", nargs="+", default=None, metavar="WORD",
                         help="run only the variants whose 'name algorithm' contains one of these words")
+    parser.add_argument("--plot", metavar="PNG", help="bar charts of step time and per-rank peak memory")
+    parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     args = parser.parse_args(argv)
     shape = LMShape() if args.small else TinyLM.benchmark_size()
     args.shape = {field: getattr(shape, field) for field in LMShape.__dataclass_fields__}
@@ -263,9 +265,37 @@ def main(argv=None) -> int:
 
     print(f"TinyLM {shape}: Φ = {phi:,} parameters, fp32, Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
           f"gloo, {os.cpu_count()} cores")
-    print(tabulate(rows, headers=["N", "variant", "algorithm", "step ms", "peak MiB", "model states MiB",
-                                  "sent/step MiB"], tablefmt="github"))
+    headers = ["N", "variant", "algorithm", "step ms", "peak MiB", "model states MiB", "sent/step MiB"]
+    print(tabulate(rows, headers=headers, tablefmt="github"))
+    if args.json:
+        import json
+        with open(args.json, "w") as handle:
+            json.dump([dict(zip(headers, row)) for row in rows], handle, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
     return 0
+
+
+def plot(rows: list, path: str) -> None:
+    """Step time and per-rank peak memory per variant, one panel pair per world size."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    worlds = sorted({row[0] for row in rows})
+    figure, axes = plt.subplots(len(worlds), 2, figsize=(12, 3.2 * len(worlds)), squeeze=False)
+    for line, world in zip(axes, worlds):
+        mine = [row for row in rows if row[0] == world]
+        labels = [f"{row[1]}" + (f" ({row[2]})" if row[2] != "-" else "") for row in mine]
+        colors = ["tab:gray" if row[1].startswith("torch") else "tab:blue" for row in mine]
+        for axis, column, title in ((line[0], 3, "step time (ms)"), (line[1], 4, "per-rank peak memory (MiB)")):
+            axis.barh(labels, [float(row[column]) for row in mine], color=colors)
+            axis.set_title(f"{title}, {world} ranks")
+            axis.invert_yaxis()
+            axis.tick_params(axis="y", labelsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

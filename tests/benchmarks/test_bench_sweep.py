@@ -65,7 +65,7 @@ def make_fake(unsupported_algorithm=None, corrupt=False):
 
     def all_gather_into_tensor(out, inp, **kwargs):
         # the sweep gathers its 3-value float64 statistics with the same call
-        (stats_gather if inp.dtype == torch.float64 and inp.numel() == 3 else gather_into)(out, inp, **kwargs)
+        (stats_gather if inp.dtype == torch.float64 and inp.numel() == 6 else gather_into)(out, inp, **kwargs)
 
     fake.all_gather_into_tensor = all_gather_into_tensor
     return fake, calls
@@ -77,6 +77,9 @@ def test_every_collective_runs_warmup_plus_iters_then_one_gather_of_stats():
     rows = list(run_sweep(fake, cfg))
     assert [row.collective for row in rows] == list(units.COLLECTIVES)
     assert all(row.wrong == 0 and row.time_us > 0 and row.busbw is not None for row in rows)
+    # per-call statistics come from the same loop: min <= median <= max, and the mean lies between
+    assert all(0 < row.time_min_us <= row.time_median_us <= row.time_max_us for row in rows)
+    assert all(row.time_min_us <= row.time_us <= row.time_max_us * (1 + 1e-9) for row in rows)
     for name in units.COLLECTIVES:
         # "native" is passed explicitly (else zerocomm would pick "auto"); the checked call
         # doubles as the first warm-up call
@@ -123,3 +126,29 @@ def test_ones_fill_without_check_keeps_in_place_reductions_finite():
     case = collectives._build_case(fake, "all_reduce", units.op_layout("all_reduce", 16, 1, 4), 0, 1,
                                    SweepConfig(), "native")
     assert torch.equal(case.result, torch.ones(4))
+
+
+def test_in_place_all_gather_and_reduce_scatter_use_the_big_buffer():
+    seen = {}
+
+    class Recorder:
+        ReduceOp = torch.distributed.ReduceOp
+
+        @staticmethod
+        def all_gather_into_tensor(out, inp, **kw):
+            seen["all_gather"] = (out, inp)
+
+        @staticmethod
+        def reduce_scatter_tensor(out, inp, **kw):
+            seen["reduce_scatter"] = (inp, out)
+
+    rank, n = 1, 3
+    for collective in ("all_gather", "reduce_scatter"):
+        for in_place in (True, False):
+            layout = units.op_layout(collective, 96, n, 4)
+            case = collectives._build_case(Recorder, collective, layout, rank, n, SweepConfig(in_place=in_place),
+                                           "native")
+            case.run()
+            big, small = seen[collective]
+            inside = big.data_ptr() + rank * small.numel() * 4 == small.data_ptr()
+            assert inside == in_place, (collective, in_place)

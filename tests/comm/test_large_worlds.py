@@ -36,6 +36,7 @@ def _try(failures, what, call, check):
 
 def every_collective():
     rank, n = dist.get_rank(), dist.get_world_size()
+    default_segment = dist.configure().segment_bytes
     dist.configure(segment_bytes=64)
     failures = []
     try:
@@ -85,7 +86,7 @@ def every_collective():
                      lambda: None if np.array_equal(recv.numpy(), expected) else recv.tolist())
             _try(failures, "barrier tree", lambda: dist.barrier(algorithm="tree"), lambda: None)
     finally:
-        dist.configure(segment_bytes=1 << 20)
+        dist.configure(segment_bytes=default_segment)
     return failures
 
 
