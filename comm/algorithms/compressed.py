@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from ...ops.onebit import ErrorFeedback, decompress, onebit_padded_numel
+from ...ops.onebit import ErrorFeedback, onebit_padded_numel, unpack_signs
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -68,25 +68,19 @@ def all_reduce_onebit(t, tensor: torch.Tensor, state: ErrorFeedback, *, all_to_a
     all_to_all(received.view(-1), send.view(-1), [row] * n, [row] * n, tag=tag, deadline=deadline,
                segment_bytes=segment_bytes)
 
-    # 3. the server's average of its segment, compressed again with the server error
-    mean = torch.zeros(seg, dtype=dtype, device=tensor.device)
-    piece = torch.empty(seg, dtype=dtype, device=tensor.device)
-    for sender in range(n):
-        message = received[sender]
-        sender_scale = message[seg_bytes:].clone().view(dtype)[0]  # clone: unaligned bytes
-        mean += decompress(message[:seg_bytes], sender_scale, seg, piece)
-    mean /= n
+    # 3. the server's average of its segment: all n versions unpacked at once, weighted by their scales
+    signs_in = unpack_signs(received[:, :seg_bytes].reshape(-1), n * seg, dtype=dtype).view(n, seg)
+    scales_in = received[:, seg_bytes:].clone().view(dtype).view(n)  # clone: the scales sit unaligned
+    mean = (scales_in.view(1, n) @ signs_in).view(seg).div_(n)
     # Padding decompresses to ±scale; it must not enter this segment's scale or error.
     valid = min(max(tensor.numel() - t.rank * seg, 0), seg)
     mean[valid:] = 0
     server_signs, server_scale = state.server_compensate_and_compress(mean, valid)
 
     # 4. everyone gathers every server's compressed segment and decompresses the whole
-    gathered = torch.empty(n * row, dtype=torch.uint8, device=tensor.device)
-    all_gather(gathered, _pack_message(server_signs, server_scale), tag=tag, deadline=deadline,
+    gathered = torch.empty((n, row), dtype=torch.uint8, device=tensor.device)
+    all_gather(gathered.view(-1), _pack_message(server_signs, server_scale), tag=tag, deadline=deadline,
                segment_bytes=segment_bytes)
-    result = torch.empty(padded, dtype=dtype, device=tensor.device)
-    for server, message in enumerate(gathered.view(n, row)):
-        decompress(message[:seg_bytes], message[seg_bytes:].clone().view(dtype)[0], seg,
-                   result[server * seg:(server + 1) * seg])
-    tensor.copy_(result[:tensor.numel()])
+    result = unpack_signs(gathered[:, :seg_bytes].reshape(-1), padded, dtype=dtype).view(n, seg)
+    result.mul_(gathered[:, seg_bytes:].clone().view(dtype).view(n, 1))
+    tensor.copy_(result.view(-1)[:tensor.numel()])
