@@ -15,6 +15,8 @@ parameter, never an ``assert``.
 """
 from __future__ import annotations
 
+import collections
+
 import time
 from typing import Callable, Optional
 
@@ -158,3 +160,33 @@ def release_storage(tensor: Optional[torch.Tensor]) -> None:
     reference count."""
     if tensor is not None and tensor.untyped_storage().resizable():
         tensor.untyped_storage().resize_(0)
+
+
+class InflightBuckets:
+    """Bucket reductions in flight, oldest first, at most ``limit`` of them (0: unbounded).
+
+    Stages 2 and 3 allocate a full-size bucket buffer per reduction and free it when the reduction is
+    waited for; bounding how many are in flight bounds that memory.  ``make_room()`` first collects the
+    reductions that have finished, then waits for the oldest until fewer than ``limit`` remain.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._queue: collections.deque = collections.deque()
+
+    def make_room(self) -> None:
+        while self._queue and self._queue[0].is_completed():
+            self._finish(self._queue.popleft())
+        while self.limit and len(self._queue) >= self.limit:
+            self._finish(self._queue.popleft())
+
+    def add(self, bucket: GradientBucket) -> None:
+        self._queue.append(bucket)
+
+    def clear(self) -> None:
+        self._queue.clear()
+
+    @staticmethod
+    def _finish(bucket: GradientBucket) -> None:
+        if bucket.state == "launched":
+            bucket.wait()

@@ -15,7 +15,7 @@ views of a flat buffer); the optimizer is a stage object with ``step``, ``zero_g
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Union
 
 from torch import nn
 

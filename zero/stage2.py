@@ -11,11 +11,10 @@ the boundary backward of an accumulation cycle.
 """
 from __future__ import annotations
 
-import collections
-
 import torch
 
 from .. import comm as dist
+from .bucket import InflightBuckets
 from .optimizer import tensor_bytes
 from .partition import BucketLayout, shard_numel
 from .stage1 import ShardedParameters
@@ -46,26 +45,17 @@ class Stage2Optimizer(ShardedParameters):
 
     def __init__(self, model, optimizer_factory, config, group=None):
         self._grad_shard = None
-        self._inflight = collections.deque()
+        self._inflight = InflightBuckets(config.max_inflight_buckets)
         super().__init__(model, optimizer_factory, config, group)
         self._grad_shard = torch.zeros(shard_numel(self.layouts), dtype=self.dtype, device=self.flat.device)
 
     def _acquire(self, layout: BucketLayout) -> torch.Tensor:
         # Release buckets whose reduction has finished, then respect the in-flight limit.
-        while self._inflight and self._inflight[0].is_completed():
-            self._release(self._inflight.popleft())
-        limit = self.config.max_inflight_buckets
-        while limit and len(self._inflight) >= limit:
-            self._release(self._inflight.popleft())
+        self._inflight.make_room()
         return torch.empty(layout.padded_numel, dtype=self.dtype, device=self.flat.device)
 
-    @staticmethod
-    def _release(bucket) -> None:
-        if bucket.state == "launched":
-            bucket.wait()
-
     def _reduce(self, layout: BucketLayout, buffer: torch.Tensor):
-        self._inflight.append(self.buckets[layout.index])
+        self._inflight.add(self.buckets[layout.index])
         lo, hi = layout.shard_bounds()
         out = self._grad_shard[lo:hi]
         if self.config.reduce_scatter:

@@ -32,14 +32,13 @@ first divergence.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 from typing import Iterator, Optional
 
 import torch
 
 from .. import comm as dist
-from .bucket import release_storage
+from .bucket import InflightBuckets, release_storage
 from .errors import ZeroStateError
 from .optimizer import ZeroOptimizer, tensor_bytes
 from .partition import BucketLayout, bucket_view, layout_groups, shard_numel, slot_views
@@ -55,7 +54,7 @@ class Stage3Optimizer(ZeroOptimizer):
     persistent_buckets = False
 
     def __init__(self, model, optimizer_factory, config, group=None):
-        self._inflight = collections.deque()
+        self._inflight = InflightBuckets(config.max_inflight_buckets)
         self._order: list[int] = []  # units in the order of the first forward
         self._order_known = False
         self._position_in_order: dict[int, int] = {}
@@ -269,20 +268,11 @@ class Stage3Optimizer(ZeroOptimizer):
 
     # -- gradients (as stage 2, one bucket per unit) ----------------------------------------
     def _acquire(self, layout: BucketLayout) -> torch.Tensor:
-        while self._inflight and self._inflight[0].is_completed():
-            self._settle(self._inflight.popleft())
-        limit = self.config.max_inflight_buckets
-        while limit and len(self._inflight) >= limit:
-            self._settle(self._inflight.popleft())
+        self._inflight.make_room()
         return torch.empty(layout.padded_numel, dtype=self.dtype, device=self.shard.device)
 
-    @staticmethod
-    def _settle(bucket) -> None:
-        if bucket.state == "launched":
-            bucket.wait()
-
     def _reduce(self, layout: BucketLayout, buffer: torch.Tensor):
-        self._inflight.append(self.buckets[layout.index])
+        self._inflight.add(self.buckets[layout.index])
         lo, hi = layout.shard_bounds()
         return dist.reduce_scatter_tensor(self._grad_shard[lo:hi], buffer, op=dist.ReduceOp.AVG, group=self.group,
                                           async_op=True, algorithm=self.algorithm)
