@@ -63,11 +63,14 @@ def table(rows: List[dict], baseline_backend: str) -> str:
 
 
 def plot(rows: List[dict], path: str) -> None:
-    """busbw against size (log-log), one line per backend/algorithm, one panel per (collective, n)."""
+    """busbw against size (log-log), one panel per (collective, n): colour = algorithm, line style = backend."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colors = {"native": "tab:blue", "ring": "tab:orange", "tree": "tab:green", "recursive_doubling": "tab:red"}
+    backends = sorted({r["backend"] for r in rows})
+    styles = dict(zip(backends, [("-", "o"), ("--", "s"), (":", "^")]))
     panels = sorted({(r["collective"], r["world_size"]) for r in rows})
     columns = min(3, len(panels))
     lines = (len(panels) + columns - 1) // columns
@@ -80,8 +83,9 @@ def plot(rows: List[dict], path: str) -> None:
                             and r["world_size"] == n and r["backend"] == backend and r["algorithm"] == algorithm
                             and r["busbw"])
             if points:
-                axis.plot(*zip(*points), marker="o", markersize=3, label=f"{backend} {algorithm}",
-                          linestyle="-" if algorithm == "native" else "--")
+                line, marker = styles.get(backend, ("-.", "x"))
+                axis.plot(*zip(*points), marker=marker, markersize=3, linestyle=line, label=f"{backend} {algorithm}",
+                          color=colors.get(algorithm))
         axis.set(xscale="log", yscale="log", title=f"{collective}, {n} ranks", xlabel="size S (bytes)",
                  ylabel="busbw (GB/s)")
         axis.grid(True, which="major", alpha=0.3)
