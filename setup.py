@@ -21,7 +21,8 @@ setup(
     extras_require={
         "mpi": ["mpi4py>=4.0", "mpich"],
         "cuda": ["cupy-cuda12x"],
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis", "mpi4py>=4.0", "mpich", "pdoc"],
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis", "mpi4py>=4.0", "mpich", "pdoc", "safetensors"],
+        "zero": ["safetensors"],
         "docs": ["pdoc"],
         "bench": ["pytest-benchmark", "tabulate", "tqdm", "matplotlib"],
     },

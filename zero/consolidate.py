@@ -10,16 +10,13 @@ model, 417 MiB per copy, two shards).  The result has
 every key of the unwrapped model's ``state_dict`` (tied parameters under each of their names,
 buffers, parameters that were not trained) and loads with ``model.load_state_dict(...)``.
 
-The safetensors file is written without the ``safetensors`` package (the format is an 8-byte
-little-endian header length, a JSON header of dtype/shape/byte offsets, then the raw bytes);
+The safetensors file is written with the ``safetensors`` package (``pip install 'zerocomm[zero]'``);
 tied parameters are stored once per name, as the format has no aliasing.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import struct
 import sys
 from pathlib import Path
 
@@ -27,11 +24,6 @@ import torch
 
 from .checkpoint import chunk_width, load_shard, read_meta, resolve, shards_to_read
 from .errors import CheckpointError
-
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
-                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-                       torch.uint8: "U8", torch.bool: "BOOL"}
-
 
 def consolidate(path) -> dict[str, torch.Tensor]:
     """The full float32 ``state_dict`` of the checkpoint at ``path`` (a checkpoint folder or its parent)."""
@@ -64,42 +56,23 @@ def consolidate(path) -> dict[str, torch.Tensor]:
 
 
 def save_safetensors(state: dict[str, torch.Tensor], file) -> None:
-    """Write ``state`` as a .safetensors file (contiguous little-endian copies; tied tensors once per name)."""
-    header, pieces, offset = {}, [], 0
+    """Write ``state`` as a .safetensors file, atomically; tensors that share memory (tied parameters)
+    are written once per name, as the format has no aliasing."""
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise CheckpointError(f"{file}: writing .safetensors needs the safetensors package: "
+                              "pip install 'zerocomm[zero]' (or write a .pt file)") from None
+    seen, plain = set(), {}
     for key, tensor in state.items():
-        if tensor.dtype not in _SAFETENSORS_DTYPES:
-            raise CheckpointError(f"{file}: {key!r} has dtype {tensor.dtype}, which safetensors cannot store")
-        data = tensor.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
-        header[key] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                       "data_offsets": [offset, offset + len(data)]}
-        pieces.append(data)
-        offset += len(data)
-    header["__metadata__"] = {"format": "pt"}
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # keep the data 8-byte aligned
+        tensor = tensor.detach().contiguous().cpu()
+        if tensor.numel() and tensor.data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        plain[key] = tensor
     tmp = Path(f"{file}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(struct.pack("<Q", len(encoded)))
-        handle.write(encoded)
-        for data in pieces:
-            handle.write(data)
+    save_file(plain, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, file)
-
-
-def load_safetensors(file) -> dict[str, torch.Tensor]:
-    """Read a .safetensors file written by ``save_safetensors`` (or any other writer)."""
-    names = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
-    raw = Path(file).read_bytes()
-    (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + length])
-    header.pop("__metadata__", None)
-    out = {}
-    for key, entry in header.items():
-        lo, hi = entry["data_offsets"]
-        data = bytearray(raw[8 + length + lo:8 + length + hi])
-        out[key] = torch.frombuffer(data, dtype=names[entry["dtype"]]).reshape(entry["shape"]).clone() \
-            if hi > lo else torch.empty(entry["shape"], dtype=names[entry["dtype"]])
-    return out
 
 
 def main(argv=None) -> int:
