@@ -18,7 +18,7 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 
-from .reduce_op import SUPPORTED_DTYPES
+from .reduce_op import SUPPORTED_DTYPES, op_admits
 from .select import refusal
 
 BACKENDS = ("gloo", "mpi", "nccl")
@@ -145,7 +145,7 @@ each table.  Collectives that do not reduce show **yes**.  Algorithms: `native` 
 implementation (or zerocomm's composition where the backend lacks one, as the native-operations table says);
 `ring`, `tree` and `recursive_doubling` are zerocomm's, written once over the backend's point-to-point layer;
 `onebit` is `all_reduce(..., op=ReduceOp.AVG, compression="onebit")`, the 1-bit compressed mean with error
-feedback (its sub-collectives run natively or on ring/tree).
+feedback (its sub-collectives run natively or on ring/tree): it serves AVG on floating dtypes only.
 
 ## What zerocomm adds to torch.distributed
 
@@ -211,8 +211,8 @@ def _summarize(cells: List[Cell], reasons: Dict[str, int]) -> str:
         return "—" + marks
     if cells[0].op is None:
         return "yes" + marks
-    if not notes:
-        return "all"
+    if all(op_admits(c.op, getattr(torch, c.dtype)) is not None for c in refused):
+        return "all"  # only ops the dtype itself does not admit were refused
     return " ".join(c.op.upper() for c in works) + marks
 
 

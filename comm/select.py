@@ -62,7 +62,7 @@ def _onebit_refusal(collective: str, dtype: torch.dtype, op: Optional[str]) -> O
     if not dtype.is_floating_point:
         return f"1-bit compression needs a floating dtype, got {dtype}"
     if op != "avg":
-        return f"the 1-bit compressed all_reduce computes the mean over ranks, so op must be AVG, got {str(op).upper()}"
+        return f"1-bit compression needs op AVG (it computes the mean over ranks), got {str(op).upper()}"
     return None
 
 
