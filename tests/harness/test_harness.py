@@ -95,7 +95,7 @@ def _make_pool(kind, world_size, workdir, init=None):
     try:
         return MpiexecPool(world_size, workdir=workdir, init=init or init_nothing, init_timeout_s=60)
     except MpiUnavailable:
-        pytest.skip(MPI_SKIP_REASON)
+        pytest.skip(reason=MPI_SKIP_REASON)
 
 
 @pytest.fixture(scope="module", params=["fork", "mpiexec"])

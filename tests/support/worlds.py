@@ -81,13 +81,13 @@ class PoolRegistry:
         if backend != "mpi":
             return ForkPool(world_size, backend, workdir=workdir)
         if STANDIN:
-            pytest.skip(STANDIN_MPI_SKIP_REASON)
+            pytest.skip(reason=STANDIN_MPI_SKIP_REASON)
         if self._mpi_missing is None:
             try:
                 return MpiexecPool(world_size, workdir=workdir)
             except MpiUnavailable as exc:
                 self._mpi_missing = str(exc)
-        pytest.skip(f"{MPI_SKIP_REASON} ({self._mpi_missing})")
+        pytest.skip(reason=f"{MPI_SKIP_REASON} ({self._mpi_missing})")
 
     def close(self) -> None:
         for pool in self._pools.values():
