@@ -96,8 +96,11 @@ class Group:
         if self._closed:
             raise CommError(f"rank {self.my_global_rank}: {description}: {self.describe()} was destroyed")
         tag = self.tag_for(self.next_sequence())
+        # A blocking call made on the executor thread itself (from a Work's future callback) must run
+        # inline: queueing it behind the task that is making the call would wait forever.
+        on_worker = self._worker is not None and threading.current_thread() is self._worker
         with self._seq_lock:
-            inline = not async_op and self._outstanding == 0
+            inline = not async_op and (self._outstanding == 0 or on_worker)
             self._outstanding += 1
         if inline:
             try:

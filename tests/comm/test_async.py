@@ -158,3 +158,22 @@ def future_cases(backend):
                          ids=lambda fn: fn.__name__.removesuffix("_cases"))
 def test_async_work(world, cases_fn):
     assert_reports(world.run(cases_fn, world.backend, timeout=RUN_TIMEOUT_S))
+
+
+def collective_from_a_future_callback():
+    """A blocking collective issued from a Work's future callback (it runs on the group's executor thread)
+    runs inline instead of waiting behind the task that issued it."""
+    import torch
+    import zerocomm.comm as zdist
+    first = torch.ones(4)
+    second = torch.ones(4)
+    work = zdist.all_reduce(first, async_op=True)
+    chained = work.get_future().then(lambda _: zdist.all_reduce(second))
+    chained.wait()
+    return first.tolist(), second.tolist(), zdist.get_world_size()
+
+
+@pytest.mark.parametrize("world", worlds(("gloo",), (2,)), indirect=True)
+def test_blocking_collective_from_a_future_callback_does_not_deadlock(world):
+    for first, second, n in world.run(collective_from_a_future_callback, timeout=60):
+        assert first == [float(n)] * 4 and second == [float(n)] * 4
