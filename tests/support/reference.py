@@ -74,7 +74,8 @@ def rank_input(rank: int, count: int, dtype: torch.dtype, op: str = "max", salt:
 
 
 def to_torch(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
+    """A fresh tensor (never sharing memory with ``values``, so references stay untouched)."""
+    return torch.from_numpy(np.ascontiguousarray(values)).to(dtype, copy=True)
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:

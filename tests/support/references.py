@@ -7,34 +7,20 @@ every dtype in scope, in any reduction order, for up to 8 ranks:
 * product: at most 3 of any 8 ranks contribute a 2, the rest +-1 -> |product| <= 8;
 * min/max and bitwise ops: any values that fit the dtype.
 
-Nothing here calls zerocomm's kernels: the table of admitted ops is written out again on purpose.
+Nothing here calls zerocomm's kernels: the admitted-ops table (in reference.py) is written out independently.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-INTS = (torch.int8, torch.int32, torch.int64, torch.uint8)
-DTYPES = FLOATS + INTS + (torch.bool,)
+# The dtype rules, conversions and the numpy reduction are shared with the comm suites' reference.py;
+# what this module adds is inputs whose reductions stay exact for up to 8 ranks.
+from .reference import DTYPES, RTOL, admitted_ops, kind, to_numpy, to_torch
+from .reference import reduce as reference
 
-ADMITTED = {
-    "float": ("sum", "avg", "product", "min", "max"),
-    "int": ("sum", "product", "min", "max", "band", "bor", "bxor"),
-    "bool": ("min", "max", "band", "bor", "bxor"),
-}
-
-
-def kind(dtype: torch.dtype) -> str:
-    if dtype in FLOATS:
-        return "float"
-    if dtype is torch.bool:
-        return "bool"
-    return "int"
-
-
-def admitted_ops(dtype: torch.dtype) -> tuple[str, ...]:
-    return ADMITTED[kind(dtype)]
+__all__ = ["DTYPES", "admitted_ops", "assert_matches", "dtype_op_pairs", "rank_values", "reference", "to_numpy",
+           "to_torch"]
 
 
 def dtype_op_pairs() -> list[tuple[torch.dtype, str]]:
@@ -73,42 +59,10 @@ def rank_values(rank: int, numel: int, dtype: torch.dtype, op: str = "sum", salt
     return v.astype(np.float64) if k == "float" else v.astype(np.int64)
 
 
-def to_torch(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """A fresh tensor (never sharing memory with ``values``, so references stay untouched)."""
-    return torch.from_numpy(np.ascontiguousarray(values)).to(dtype, copy=True)
-
-
-def reference(per_rank: list[np.ndarray], op: str) -> np.ndarray:
-    """The reduction of the ranks' arrays, computed by numpy in float64/int64/bool."""
-    stack = np.stack(per_rank)
-    if op == "sum":
-        return np.add.reduce(stack, axis=0)
-    if op == "avg":
-        return np.add.reduce(stack.astype(np.float64), axis=0) / len(per_rank)
-    if op == "product":
-        return np.multiply.reduce(stack, axis=0)
-    if op == "min":
-        return np.minimum.reduce(stack, axis=0)
-    if op == "max":
-        return np.maximum.reduce(stack, axis=0)
-    return {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op].reduce(stack, axis=0)
-
-
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    k = kind(tensor.dtype)
-    wide = {"float": torch.float64, "int": torch.int64, "bool": torch.bool}[k]
-    return tensor.detach().to(wide).reshape(-1).numpy()
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """Relative tolerance for a result that is exact up to one final rounding (avg's division)."""
-    return {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6, torch.float64: 1e-12}.get(dtype, 0.0)
-
-
 def assert_matches(actual: torch.Tensor, expected: np.ndarray, what: str) -> None:
     got = to_numpy(actual)
     assert got.shape == expected.shape, f"{what}: shape {got.shape}, expected {expected.shape}"
     if kind(actual.dtype) == "float":
-        np.testing.assert_allclose(got, expected, rtol=tolerance(actual.dtype), atol=0, err_msg=what)
+        np.testing.assert_allclose(got, expected, rtol=RTOL[actual.dtype], atol=0, err_msg=what)
     else:
         np.testing.assert_array_equal(got, expected.astype(got.dtype), err_msg=what)
