@@ -18,16 +18,18 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 
-from .reduce_op import SUPPORTED_DTYPES, op_admits
+from .algorithms import ALGORITHM_NAMES
+from .backends import BACKENDS as _BACKEND_TABLE
+from .backends import backend_class
+from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, op_admits
 from .select import refusal
 
-BACKENDS = ("gloo", "mpi", "nccl")
+BACKENDS = tuple(_BACKEND_TABLE)
 DEVICES = ("cpu", "cuda")
 #: Collectives as the matrix names them (send/recv is the point-to-point pair).
 COLLECTIVES = ("broadcast", "scatter", "reduce", "all_reduce", "gather", "all_gather", "reduce_scatter",
                "all_to_all", "send/recv", "barrier")
 REDUCING = ("reduce", "all_reduce", "reduce_scatter")
-ALGORITHM_NAMES = ("native", "ring", "tree", "recursive_doubling", "onebit")
 OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 
 
@@ -47,17 +49,8 @@ class Cell:
 
 
 def transport_class(backend: str):
-    """The backend's transport class, imported without starting MPI or touching CUDA."""
-    if backend == "gloo":
-        from .backends.gloo import GlooTransport
-        return GlooTransport
-    if backend == "mpi":
-        from .backends.mpi import MpiTransport
-        return MpiTransport
-    if backend == "nccl":
-        from .backends.nccl import NcclTransport
-        return NcclTransport
-    raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    """The backend's class, imported without starting MPI or touching CUDA."""
+    return backend_class(backend)
 
 
 def native_operations() -> Dict[str, Dict[str, str]]:
@@ -117,8 +110,14 @@ def capability_matrix(backends=BACKENDS) -> List[Cell]:
 
 
 def lookup(backend: str, device: str, collective: str, algorithm: str, dtype: torch.dtype,
-           op: Optional[str] = None) -> Cell:
-    """One cell's answer."""
+           op=None) -> Cell:
+    """One cell's answer.  ``op`` is a ``ReduceOp`` or its name in any case ("BAND", "band"); ``None`` for
+    collectives that do not reduce."""
+    if op is not None:
+        name = OP_NAMES.get(op) if not isinstance(op, str) else op.lower()
+        if name not in OPS:
+            raise ValueError(f"lookup: op must be a ReduceOp or one of {[o.upper() for o in OPS]}, got {op!r}")
+        op = name
     return _cell(backend, transport_class(backend), device, collective, algorithm, dtype, op)
 
 

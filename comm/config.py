@@ -11,19 +11,24 @@ Environment variables:
                             1e-4 to 5e-4 lets communication overlap computation more closely.
     ZEROCOMM_PROFILE        a path: record every collective from init to destroy and write
                             ``PATH.rankN.json`` and ``PATH.rankN.trace.json`` (Chrome trace).
+    ZEROCOMM_MAX_QUEUED     calls a group may have queued behind the running one before a caller waits.
+
+``init_process_group`` reads them (through :meth:`CommConfig.from_env`, the one place that
+does); ``configure`` changes the live configuration; ``destroy_process_group`` drops it.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 
-ALGORITHMS = ("native", "ring", "tree", "recursive_doubling", "auto")
+from .algorithms import ALGORITHM_CHOICES
+from .errors import InvalidArgumentError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class CommConfig:
     algorithm: str = "auto"
-    """Algorithm used when a call does not pass ``algorithm=``: one of ``ALGORITHMS``."""
+    """Algorithm used when a call does not pass ``algorithm=``: one of ``comm.algorithms.ALGORITHM_CHOICES``."""
     segment_bytes: int = 4 << 20
     """Bytes per pipelined segment in ring/tree algorithms; smaller pipelines deeper, costs more messages.
     4 MiB measured best for 16-64 MiB all_reduce on 2 cores, gloo and MPI, 2 and 4 ranks (1 MiB: 0.73-0.91
@@ -34,20 +39,50 @@ class CommConfig:
     """If positive, applied with ``sys.setswitchinterval`` at init (0: leave the interpreter's default)."""
     profile_path: str = ""
     """If set, the profiler records from init to destroy and writes its files with this prefix."""
+    max_queued: int = 1024
+    """Calls a group may hold queued behind the running one; the next caller waits (back-pressure), within
+    its deadline.  Large enough for ZeRO's bucketed reductions, small enough to bound what queued calls pin."""
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.algorithm not in ALGORITHM_CHOICES or self.algorithm == "onebit":
+            raise InvalidArgumentError(f"algorithm must be one of {tuple(a for a in ALGORITHM_CHOICES if a != 'onebit')}"
+                                       f", got {self.algorithm!r} (1-bit compression is all_reduce's "
+                                       "compression='onebit')")
         if not isinstance(self.segment_bytes, int) or self.segment_bytes < 1:
-            raise ValueError(f"segment_bytes must be a positive int, got {self.segment_bytes!r}")
+            raise InvalidArgumentError(f"segment_bytes must be a positive int, got {self.segment_bytes!r}")
+        if not isinstance(self.max_queued, int) or self.max_queued < 1:
+            raise InvalidArgumentError(f"max_queued must be a positive int, got {self.max_queued!r}")
 
     @classmethod
     def from_env(cls, environ=None) -> "CommConfig":
+        """The configuration the ``ZEROCOMM_*`` variables describe; a bad value names its variable."""
         env = os.environ if environ is None else environ
-        return cls(
-            algorithm=env.get("ZEROCOMM_ALGORITHM", "auto") or "auto",
-            segment_bytes=int(env.get("ZEROCOMM_SEGMENT_BYTES", 4 << 20)),
-            debug=env.get("ZEROCOMM_DEBUG", "0") not in ("", "0", "false", "False"),
-            profile_path=env.get("ZEROCOMM_PROFILE", ""),
-            switch_interval_s=float(env.get("ZEROCOMM_SWITCH_INTERVAL", 0) or 0),
-        )
+        fields = {}
+        for variable, field, parse in _VARIABLES:
+            text = env.get(variable, "")
+            if text == "":
+                continue
+            try:
+                fields[field] = parse(text)
+            except ValueError as error:
+                raise InvalidArgumentError(f"environment variable {variable}={text!r}: {error}") from None
+        try:
+            return cls(**fields)
+        except InvalidArgumentError as error:
+            variable = next(v for v, f, _ in _VARIABLES if str(error).startswith(f))
+            raise InvalidArgumentError(f"environment variable {variable}={env.get(variable)!r}: {error}") from None
+
+
+def _flag(text: str) -> bool:
+    return text not in ("0", "false", "False", "no")
+
+
+#: (variable, field, parser): the environment as the configuration reads it.
+_VARIABLES = (
+    ("ZEROCOMM_ALGORITHM", "algorithm", str),
+    ("ZEROCOMM_SEGMENT_BYTES", "segment_bytes", int),
+    ("ZEROCOMM_DEBUG", "debug", _flag),
+    ("ZEROCOMM_PROFILE", "profile_path", str),
+    ("ZEROCOMM_SWITCH_INTERVAL", "switch_interval_s", float),
+    ("ZEROCOMM_MAX_QUEUED", "max_queued", int),
+)

@@ -1,26 +1,32 @@
-"""Groups: who takes part in a collective, over which transport, with which timeout.
+"""Groups: who takes part in a collective, over which communicator, with which timeout — and the
+one place a checked call runs.
 
 [Note: ordering]  All ranks must run a group's collectives in the same order, and a
 backend's native collectives are matched by order, not by tag.  So every collective
-of a group, whatever its algorithm, runs on that group's one executor thread, in the
-order the caller issued them.  A blocking call made while nothing is queued runs
-inline on the caller's thread under the same run lock, which keeps the order and
-saves the thread hand-off (~20 µs) that small messages would otherwise pay.
-Point-to-point calls by the user do not go through the executor: they carry the
-user's tag, below ``USER_TAG_LIMIT``, and never match a collective's messages.
+of a group, whatever its algorithm, runs in the order the caller issued it: a call
+takes its tag (a per-group sequence number) under the same lock that queues it.  A
+blocking call made while nothing is queued or running runs inline on the caller's
+thread (no thread hop: the short path of a small call); anything else goes to the
+group's executor thread, through a bounded queue (a caller that gets too far ahead
+waits, within its deadline).  Point-to-point calls by the user do not go through
+here: they carry the user's tag, below ``USER_TAG_LIMIT``, and never match a
+collective's messages.
 """
 from __future__ import annotations
 
+import collections
 import datetime
-import queue
+import re
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
+
+import torch
 
 from .config import CommConfig
 from .errors import CommError, CommTimeoutError, NotInitializedError, PeerError
-from .transport import USER_TAG_LIMIT, Transport
+from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import Work
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -29,6 +35,8 @@ DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 #: than could ever be in flight at once, and below MPICH's 2**29 - 1 tag bound.
 _TAG_SPAN = (1 << 28) - USER_TAG_LIMIT
 
+_profiler_enabled = torch.autograd._profiler_enabled
+
 
 class Group:
     """A set of processes that run collectives together.
@@ -36,25 +44,30 @@ class Group:
     Attributes:
         ranks: global ranks of the members, indexed by group rank.
         rank: this process's group rank.
-        transport: the communicator over the members (group ranks).
+        communicator: the backend's communicator over the members (group ranks); ``None`` once destroyed.
+        backend: the backend's name; ``backend_type`` its class, ``device_type`` the device it moves.
         timeout: bound on every blocking wait of this group's calls.
-        backend: the backend's name.
         name: a name unique in the world, for messages and stores.
     """
 
-    def __init__(self, ranks: List[int], rank: int, transport: Transport, timeout: datetime.timedelta,
+    def __init__(self, ranks: List[int], rank: int, communicator: Backend, timeout: datetime.timedelta,
                  backend: str, name: str):
         self.ranks = list(ranks)
         self.rank = rank
-        self.transport = transport
+        self.communicator = communicator
+        self.backend_type = type(communicator)
+        self.device_type = communicator.device_type
+        self.on_cpu = self.device_type == "cpu"
         self.timeout = timeout
         self.backend = backend
         self.name = name
+        self.my_global_rank = self.ranks[rank]
         self._seq = 0
-        self._seq_lock = threading.Lock()
-        self._run_lock = threading.Lock()
-        self._outstanding = 0
-        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # the queue or the pending count changed
+        self._run_lock = threading.Lock()  # held by whichever thread runs a call
+        self._pending = 0  # calls queued or running
+        self._queue: collections.deque = collections.deque()
         self._worker: Optional[threading.Thread] = None
         self._closed = False
 
@@ -65,110 +78,158 @@ class Group:
     def global_rank(self, group_rank: int) -> int:
         return self.ranks[group_rank]
 
-    @property
-    def my_global_rank(self) -> int:
-        return self.ranks[self.rank]
-
     def describe(self) -> str:
         return f"group {self.name} (global ranks {self.ranks})"
+
+    def peer_name(self, group_rank: Optional[int]) -> str:
+        """A peer in the one rank space of messages: its global rank, the group rank in brackets."""
+        if group_rank is None:
+            return "a peer"
+        return f"rank {self.ranks[group_rank]} [group rank {group_rank}]"
 
     def __repr__(self) -> str:
         return f"<zerocomm Group {self.name} ranks={self.ranks} backend={self.backend}>"
 
-    # -- tags -----------------------------------------------------------------------
-    def next_sequence(self) -> int:
-        """The collective's sequence number in this group (same on every member)."""
-        with self._seq_lock:
-            self._seq += 1
-            return self._seq
-
-    @staticmethod
-    def tag_for(sequence: int) -> int:
-        return USER_TAG_LIMIT + sequence % _TAG_SPAN
-
-    # -- running collectives --------------------------------------------------------
-    def run(self, description: str, body: Callable[[int, Optional[float]], None], async_op: bool,
-            outputs=None, timeout: Optional[datetime.timedelta] = None) -> Optional[Work]:
-        """Run ``body(tag, deadline)`` in this group's order; return a ``Work`` if ``async_op``.
-
-        The deadline is fixed when the body starts: ``timeout`` after the start.
-        """
-        if self._closed:
-            raise CommError(f"rank {self.my_global_rank}: {description}: {self.describe()} was destroyed")
-        tag = self.tag_for(self.next_sequence())
-        # A blocking call made on the executor thread itself (from a Work's future callback) must run
-        # inline: queueing it behind the task that is making the call would wait forever.
+    # -- running checked calls -----------------------------------------------------------
+    def run(self, call) -> Optional[Work]:
+        """Run ``call`` (a ``validate.Call``) in this group's order; return a ``Work`` if ``call.async_op``."""
         on_worker = self._worker is not None and threading.current_thread() is self._worker
-        with self._seq_lock:
-            inline = not async_op and (self._outstanding == 0 or on_worker)
-            self._outstanding += 1
+        # Observers (byte counters, the profiler) see the calls issued while they are registered.
+        observers = tuple(WORLD.observers) if WORLD.observers else ()
+        with self._lock:
+            if self._closed:
+                raise CommError(f"rank {self.my_global_rank}: {call.collective}: {self.describe()} was destroyed")
+            self._seq += 1
+            tag = USER_TAG_LIMIT + self._seq % _TAG_SPAN
+            # A blocking call made on the executor thread itself (from a Work's future callback) must run
+            # inline: queueing it behind the task that is making the call would wait forever.
+            inline = not call.async_op and (self._pending == 0 or on_worker)
+            if inline:
+                # Free: nothing is queued or running (the worker runs callbacks outside it).  Taken before the
+                # lock is released, so no call queued after this one can run first.
+                self._run_lock.acquire()
+                self._pending += 1
+            else:
+                future = self._enqueue(call, tag, on_worker, observers)
         if inline:
             try:
-                with self._run_lock:
-                    self._execute(description, body, tag, timeout)
+                self.execute(call, tag, observers)
             finally:
-                with self._seq_lock:
-                    self._outstanding -= 1
+                self._run_lock.release()
+                with self._lock:
+                    self._pending -= 1
+                    self._changed.notify_all()
             return None
-        future: Future = Future()
-        self._ensure_worker()
-        self._queue.put((description, body, tag, future, timeout))
-        work = Work(f"{description} on {self.describe()}", future, outputs)
-        if async_op:
+        work = Work(f"{call.collective} on {self.describe()}", future, call.outputs)
+        if call.async_op:
             return work
         work.wait()
         return None
 
-    def _execute(self, description: str, body, tag: int, timeout: Optional[datetime.timedelta] = None) -> None:
-        timeout_s = (timeout or self.timeout).total_seconds()
-        deadline = time.monotonic() + timeout_s
-        try:
-            body(tag, deadline)
-        except TimeoutError as error:
-            raise CommTimeoutError(
-                f"rank {self.my_global_rank}: {description} on {self.describe()} timed out after "
-                f"{timeout_s * 1000:.0f} ms waiting for {error}") from None
-        except CommError:
-            raise
-        except RuntimeError as error:
-            raise PeerError(
-                f"rank {self.my_global_rank}: {description} on {self.describe()} failed: {error}") from error
-
-    def _ensure_worker(self) -> None:
+    def _enqueue(self, call, tag: int, on_worker: bool, observers: tuple) -> Future:
+        """Queue ``call`` (the lock is held); wait while the queue is full, within the call's deadline."""
+        limit = WORLD.config.max_queued
+        if len(self._queue) >= limit and not on_worker:  # the worker itself must never wait on its own queue
+            seconds = self.timeout.total_seconds() if call.timeout is None else call.timeout
+            if not self._changed.wait_for(lambda: len(self._queue) < limit or self._closed, seconds):
+                raise CommTimeoutError(
+                    f"rank {self.my_global_rank}: {call.collective} on {self.describe()}: {limit} calls were still "
+                    f"queued after {seconds * 1000:.0f} ms (the executor is stuck on an earlier call)")
+        future: Future = Future()
+        self._queue.append((call, tag, future, observers))
+        self._pending += 1
         if self._worker is None:
             self._worker = threading.Thread(target=self._serve, name=f"zerocomm-{self.name}", daemon=True)
             self._worker.start()
+        self._changed.notify_all()
+        return future
+
+    def execute(self, call, tag: int, observers: tuple = ()) -> None:
+        """Run one checked call now: its waits end by its deadline; failures become typed errors."""
+        seconds = self.timeout.total_seconds() if call.timeout is None else call.timeout
+        deadline = time.monotonic() + seconds
+        config = WORLD.config
+        try:
+            if config.debug:
+                from .validate import cross_check
+                cross_check(call, tag, deadline)
+            if observers:
+                from .traffic import run_observed
+                run_observed(observers, call, tag, deadline, config.segment_bytes)
+            elif _profiler_enabled():
+                with torch.profiler.record_function(f"zerocomm::{call.collective}:{call.algorithm}"):
+                    self._call(call, tag, deadline, config.segment_bytes)
+            else:
+                self._call(call, tag, deadline, config.segment_bytes)
+        except TimeoutError as error:
+            raise CommTimeoutError(
+                f"rank {self.my_global_rank}: {call.collective} on {self.describe()} timed out after "
+                f"{seconds * 1000:.0f} ms waiting for {self._in_rank_space(error)}") from None
+        except PeerFailure as failure:
+            raise PeerError(
+                f"rank {self.my_global_rank}: {call.collective} on {self.describe()} failed: "
+                f"{self.peer_name(failure.peer)} failed or went away ({self._in_rank_space(failure)})") from None
+        for source, destination in call.copy_out:
+            destination.copy_(source.view(destination.shape))
+
+    def _call(self, call, tag: int, deadline: float, segment_bytes: int, communicator=None) -> None:
+        if call.options is None:
+            call.function(communicator or self.communicator, *call.args, tag=tag, deadline=deadline,
+                          segment_bytes=segment_bytes)
+        else:
+            call.function(communicator or self.communicator, *call.args, tag=tag, deadline=deadline,
+                          segment_bytes=segment_bytes, **call.options)
+
+    def _in_rank_space(self, error: Exception) -> str:
+        """A backend's text names peers by group rank ("recv from rank 1"); messages use global ranks."""
+        return re.sub(r"\brank (\d+)\b", lambda m: self.peer_name(int(m.group(1))) if int(m.group(1)) < self.size()
+                      else m.group(0), str(error))
 
     def _serve(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            description, body, tag, future, timeout = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                with self._run_lock:
-                    self._execute(description, body, tag, timeout)
-            except BaseException as error:  # the caller sees it through Work.wait
-                future.set_exception(error)
-            else:
-                future.set_result(None)
-            finally:
-                with self._seq_lock:
-                    self._outstanding -= 1
-                # Drop this task's references now: waiting for the next task would keep its buffers alive.
-                del item, description, body, future
+            with self._lock:
+                self._changed.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return
+                call, tag, future, observers = self._queue.popleft()
+                self._changed.notify_all()
+            if future.set_running_or_notify_cancel():
+                try:
+                    with self._run_lock:
+                        self.execute(call, tag, observers)
+                except BaseException as error:  # the caller sees it through Work.wait
+                    future.set_exception(error)
+                else:
+                    future.set_result(None)
+            with self._lock:
+                self._pending -= 1
+                self._changed.notify_all()
+            # Drop this task's references now: waiting for the next task would keep its buffers alive.
+            del call, future
 
     def close(self) -> None:
-        """Stop the executor (after the queued work) and release the transport."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._worker is not None:
-            self._queue.put(None)
-            self._worker.join(timeout=self.timeout.total_seconds())
-        self.transport.close()
+        """Cancel what is still queued, give a running call a bounded grace, release the communicator.
+
+        Queued calls fail at once (their ``Work`` raises); the running one ends by its own deadline,
+        but ``close`` waits for it at most ``min(timeout, 10 s)``: destroying a group never hangs
+        for a stuck peer's full timeout.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            cancelled = list(self._queue)
+            self._queue.clear()
+            self._pending -= len(cancelled)
+            self._changed.notify_all()
+        for call, _, future, _ in cancelled:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(CommError(f"rank {self.my_global_rank}: {call.collective} on "
+                                               f"{self.describe()} was cancelled: the group was destroyed first"))
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(timeout=min(self.timeout.total_seconds(), 10.0))
+        communicator, self.communicator = self.communicator, None
+        communicator.close()
 
 
 class _NonMember:
@@ -182,7 +243,12 @@ NON_GROUP_MEMBER = _NonMember()
 
 
 class World:
-    """The one process-wide registry: the default group and the groups made from it."""
+    """The one process-wide registry: the default group, the groups made from it, and their configuration.
+
+    The configuration belongs to the default group: ``init_process_group`` reads it from the
+    environment (``CommConfig.from_env``, the one place that does), ``configure`` changes it while
+    the group lives, and ``destroy_process_group`` drops it with the group.
+    """
 
     def __init__(self) -> None:
         self.default: Optional[Group] = None
@@ -194,9 +260,9 @@ class World:
 
     @property
     def config(self) -> CommConfig:
-        """Process-wide defaults, read from the environment on first use."""
+        """The configuration of the initialized world (the defaults, read from the environment, before init)."""
         if self._config is None:
-            self._config = CommConfig.from_env()
+            return CommConfig.from_env()
         return self._config
 
     @config.setter
@@ -216,6 +282,7 @@ class World:
         self.default = None
         self.groups.clear()
         self.group_count = 0
+        self._config = None
 
 
 #: The only module-level mutable state in zerocomm: the default world.

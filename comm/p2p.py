@@ -14,11 +14,11 @@ from typing import Callable, List, Optional
 import torch
 
 from . import validate
-from .api import resolve_group
-from .errors import CommTimeoutError, InvalidArgumentError, UnsupportedError
+from .errors import CommTimeoutError, InvalidArgumentError, PeerError, UnsupportedError
 from .group import Group
-from .transport import USER_TAG_LIMIT, Request
-from .work import Work
+from .transport import USER_TAG_LIMIT, PeerFailure, Request
+from .validate import resolve_group
+from .work import Work, timeout_seconds
 
 
 def _peer(g: Group, global_rank, group_rank, role: str, op: str) -> int:
@@ -46,16 +46,18 @@ class _RequestWork(Work):
         super().__init__(description, concurrent.futures.Future(), outputs)
 
     def wait(self, timeout=None) -> bool:
-        from .work import timeout_seconds
         seconds = timeout_seconds(timeout)
         if seconds is None:
             seconds = self._group.timeout.total_seconds()
+        g = self._group
         try:
             self._request.wait(seconds)
-        except TimeoutError as error:
-            raise CommTimeoutError(f"rank {self._group.my_global_rank}: {self._description} on "
-                                   f"{self._group.describe()}: timed out after {seconds * 1000:.0f} ms waiting for "
-                                   f"{error}") from None
+        except TimeoutError:
+            raise CommTimeoutError(f"rank {g.my_global_rank}: {self._description} on {g.describe()}: timed out "
+                                   f"after {seconds * 1000:.0f} ms") from None
+        except PeerFailure as failure:
+            raise PeerError(f"rank {g.my_global_rank}: {self._description} on {g.describe()} failed: "
+                            f"{g.peer_name(failure.peer)} failed or went away ({failure})") from None
         self._settle(None)
         return True
 
@@ -74,7 +76,10 @@ class _RequestWork(Work):
         return False
 
     def source_rank(self) -> int:
+        """The sender's global rank (``recv``'s return value)."""
         return self._source() if self._source is not None else -1
+
+    _source_rank = source_rank  # torch's Work spells it this way
 
     def get_future(self):
         if not self._future.done():
@@ -93,8 +98,7 @@ def isend(tensor: torch.Tensor, dst: Optional[int] = None, group=None, tag: int 
     g = resolve_group(group, "isend")
     peer = _peer(g, dst, group_dst, "dst", "isend")
     _check(tensor, tag, "isend", g)
-    send_user = getattr(g.transport, "user_isend", g.transport.isend)  # NCCL keeps user p2p apart
-    request = send_user(tensor.view(-1), peer, int(tag))
+    request = g.communicator.user_isend(tensor.view(-1), peer, int(tag))
     return _RequestWork(f"isend to rank {g.ranks[peer]} (tag {tag})", request, g, [tensor])
 
 
@@ -104,16 +108,14 @@ def irecv(tensor: torch.Tensor, src: Optional[int] = None, group=None, tag: int 
     g = resolve_group(group, "irecv")
     _check(tensor, tag, "irecv", g)
     if src is None and group_src is None:
-        any_source = getattr(g.transport, "irecv_any", None)
-        if any_source is None:
+        if not g.communicator.ANY_SOURCE:
             raise UnsupportedError(f"rank {g.my_global_rank}: irecv: backend {g.backend!r} cannot receive from any "
                                    "source; pass src")
-        request = any_source(tensor.view(-1), int(tag))
+        request = g.communicator.irecv_any(tensor.view(-1), int(tag))
         return _RequestWork(f"irecv from any rank (tag {tag})", request, g, [tensor],
                             source=lambda: g.ranks[request.source()])
     peer = _peer(g, src, group_src, "src", "irecv")
-    recv_user = getattr(g.transport, "user_irecv", g.transport.irecv)
-    request = recv_user(tensor.view(-1), peer, int(tag))
+    request = g.communicator.user_irecv(tensor.view(-1), peer, int(tag))
     return _RequestWork(f"irecv from rank {g.ranks[peer]} (tag {tag})", request, g, [tensor],
                         source=lambda: g.ranks[peer])
 

@@ -15,12 +15,10 @@ from typing import List, Optional
 import torch
 import torch.distributed as td
 
+from .backends import BACKENDS, backend_class
 from .config import CommConfig
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import DEFAULT_TIMEOUT, NON_GROUP_MEMBER, WORLD, Group
-
-BACKENDS = ("gloo", "mpi", "nccl")
-
 
 def is_available() -> bool:
     return True
@@ -35,26 +33,26 @@ def _launched_by_mpi() -> bool:
         key in os.environ for key in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID"))
 
 
-def _make_transport(backend: str, init_method, timeout, world_size, rank, store):
+def _make_communicator(backend: str, init_method, timeout, world_size, rank, store):
+    """The world's communicator of ``backend`` (one of ``backends.BACKENDS``)."""
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(f"init_process_group: backend must be one of {tuple(BACKENDS)}, got {backend!r}")
+    cls = backend_class(backend)
     if backend == "mpi":
-        from .backends.mpi import MpiTransport, mpi_available
+        from .backends.mpi import mpi_available
         reason = mpi_available()
         if reason:
             raise UnsupportedError(f"init_process_group: backend 'mpi' is unavailable: {reason}")
-        return MpiTransport.world()
-    if backend == "gloo":
-        from .backends.gloo import GlooTransport
-        if store is None:
-            store, rank, world_size = next(td.rendezvous(init_method or "env://", rank, world_size, timeout=timeout))
-            store.set_timeout(timeout)
-        elif rank < 0 or world_size < 1:
-            raise InvalidArgumentError(f"init_process_group: with a store, rank ({rank}) and world_size "
-                                       f"({world_size}) must be given")
-        return GlooTransport(td.PrefixStore("zerocomm/world/", store), rank, world_size, timeout)
+        return cls.world()
     if backend == "nccl":
-        from .backends.nccl import NcclTransport
-        return NcclTransport.create(init_method, timeout, world_size, rank, store)
-    raise InvalidArgumentError(f"init_process_group: backend must be one of {BACKENDS}, got {backend!r}")
+        return cls.create(init_method, timeout, world_size, rank, store)
+    if store is None:
+        store, rank, world_size = next(td.rendezvous(init_method or "env://", rank, world_size, timeout=timeout))
+        store.set_timeout(timeout)
+    elif rank < 0 or world_size < 1:
+        raise InvalidArgumentError(f"init_process_group: with a store, rank ({rank}) and world_size "
+                                   f"({world_size}) must be given")
+    return cls(td.PrefixStore("zerocomm/world/", store), rank, world_size, timeout)
 
 
 def init_process_group(backend: Optional[str] = None, init_method: Optional[str] = None, timeout=None,
@@ -68,14 +66,15 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         backend = "mpi" if _launched_by_mpi() else "gloo"
     backend = str(backend).lower()
     timeout = timeout or DEFAULT_TIMEOUT
-    transport = _make_transport(backend, init_method, timeout, world_size, rank, store)
-    if world_size > 0 and transport.size != world_size:
+    config = CommConfig.from_env()  # before any rendezvous: a bad variable fails at once, naming itself
+    communicator = _make_communicator(backend, init_method, timeout, world_size, rank, store)
+    if world_size > 0 and communicator.size != world_size:
         raise InvalidArgumentError(f"init_process_group: world_size {world_size} does not match the launcher's "
-                                   f"{transport.size}")
-    WORLD.config = CommConfig.from_env()
-    if WORLD.config.switch_interval_s > 0:
-        sys.setswitchinterval(WORLD.config.switch_interval_s)
-    WORLD.default = Group(list(range(transport.size)), transport.rank, transport, timeout, backend, "world")
+                                   f"{communicator.size}")
+    WORLD.config = config
+    if config.switch_interval_s > 0:
+        sys.setswitchinterval(config.switch_interval_s)
+    WORLD.default = Group(list(range(communicator.size)), communicator.rank, communicator, timeout, backend, "world")
     WORLD.groups["world"] = WORLD.default
     if WORLD.config.profile_path:
         from .profiler import Profiler
@@ -125,10 +124,10 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
                                f"group's {world.backend!r}; zerocomm groups share the default group's backend")
     WORLD.group_count += 1
     name = f"g{WORLD.group_count}"
-    transport = world.transport.split(members, name)
-    if transport is None:
+    communicator = world.communicator.split(members, name)
+    if communicator is None:
         return NON_GROUP_MEMBER
-    group = Group(members, members.index(world.my_global_rank), transport, timeout or world.timeout,
+    group = Group(members, members.index(world.my_global_rank), communicator, timeout or world.timeout,
                   world.backend, name)
     WORLD.groups[name] = group
     return group
@@ -197,8 +196,12 @@ GroupMember = _GroupMemberNamespace()
 
 
 def set_default_algorithm(algorithm: str) -> None:
-    """Process-wide default for ``algorithm=`` ("native", "ring", "tree", "recursive_doubling", "auto")."""
-    WORLD.config = dataclasses.replace(WORLD.config, algorithm=algorithm)
+    """Default ``algorithm=`` of this world's calls ("native", "ring", "tree", "recursive_doubling", "auto").
+
+    Like :func:`configure`, it changes the initialized world's configuration; before
+    ``init_process_group`` it raises (set ``ZEROCOMM_ALGORITHM`` instead, which init reads).
+    """
+    configure(algorithm=algorithm)
 
 
 def get_default_algorithm() -> str:
@@ -206,7 +209,17 @@ def get_default_algorithm() -> str:
 
 
 def configure(**fields) -> CommConfig:
-    """Replace fields of the process-wide ``CommConfig`` (``algorithm``, ``segment_bytes``, ``debug``)."""
+    """Replace fields of the world's ``CommConfig`` (``algorithm``, ``segment_bytes``, ``debug``, ...); return it.
+
+    The configuration belongs to the initialized world: ``init_process_group`` reads it from the
+    ``ZEROCOMM_*`` variables, this changes it, ``destroy_process_group`` drops it.  Called before
+    init it raises ``NotInitializedError`` rather than being silently lost.
+    """
+    WORLD.require("configure")
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(CommConfig)})
+    if unknown:
+        raise InvalidArgumentError(f"configure: unknown settings {unknown}; CommConfig has "
+                                   f"{[f.name for f in dataclasses.fields(CommConfig)]}")
     WORLD.config = dataclasses.replace(WORLD.config, **fields)
     return WORLD.config
 
@@ -215,8 +228,8 @@ def which_algorithm(collective: str, tensor: torch.Tensor, op=None, group=None, 
                     algorithm: Optional[str] = None) -> str:
     """The algorithm a call of ``collective`` on ``tensor`` would use (without running it)."""
     from .reduce_op import op_name
-    from .select import select_algorithm
+    from .validate import choose_algorithm
     g = _group_or_world(group, "which_algorithm")
     name = None if op is None else op_name(op, collective=collective, rank=g.my_global_rank)
-    nbytes = None if collective == "all_to_all" else tensor.numel() * tensor.element_size()  # as api._launch
-    return select_algorithm(collective, g, tensor.dtype, name, nbytes, algorithm, WORLD.config.algorithm)
+    nbytes = None if collective == "all_to_all" else tensor.numel() * tensor.element_size()  # as validate does
+    return choose_algorithm(collective, g, tensor.dtype, name, nbytes, algorithm, "which_algorithm")[0]

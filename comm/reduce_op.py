@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as _td
 
-from ..ops.reduce import op_admits  # noqa: F401  (re-exported: the kernels own the dtype rules)
+from ..ops.reduce import DTYPES, op_admits  # noqa: F401  (re-exported: the kernels own the dtype rules)
 from .errors import InvalidArgumentError, UnsupportedError
 
 #: The drop-in ``ReduceOp``: ``zerocomm.comm.ReduceOp is torch.distributed.ReduceOp``.
@@ -26,11 +26,11 @@ _NAMES = {
     ReduceOp.BXOR: "bxor",
 }
 
-#: Dtypes zerocomm's CPU backends move and reduce.
-SUPPORTED_DTYPES = (
-    torch.float32, torch.float64, torch.float16, torch.bfloat16,
-    torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool,
-)
+#: Dtypes zerocomm moves and reduces (the kernels' table, ``zerocomm.ops.reduce.DTYPES``).
+SUPPORTED_DTYPES = DTYPES
+
+#: ``ReduceOp`` → lower-case name, for lookups on the call path (``OP_NAMES.get(op)``).
+OP_NAMES = _NAMES
 
 
 def op_name(op, *, collective: str, rank: int) -> str:

@@ -2,12 +2,16 @@
 
 Order of precedence: the call's ``algorithm=``, else the process default
 (``set_default_algorithm`` or ``ZEROCOMM_ALGORITHM``), else ``"auto"``.  ``auto``
-looks the call up in ``auto_table.json`` — written by ``benchmarks/tune.py`` from
-measurements on this kind of machine — and takes the first candidate that can serve
-the call.  An explicit algorithm that cannot serve the call raises
-``UnsupportedError`` naming backend, device, collective, algorithm, dtype and what to
-use instead, before any byte moves.  Every decision is logged at DEBUG level on the
+looks the call up in ``auto_table.json`` — written by ``zerocomm-bench tune`` from
+measurements on this kind of machine — and takes the first row that can serve the
+call.  An explicit algorithm that cannot serve the call raises ``UnsupportedError``
+naming backend, device, collective, algorithm, dtype and what to use instead, before
+any byte moves.  Every decision is logged at DEBUG level on the
 ``zerocomm.comm.select`` logger.
+
+Everything here depends only on the cell (backend, group size, collective, dtype, op,
+requested algorithm), so :func:`rule` is computed once per cell and cached: a call
+pays a dictionary lookup, not a table walk.
 """
 from __future__ import annotations
 
@@ -15,20 +19,21 @@ import functools
 import json
 import logging
 import os
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 
-from .algorithms import ALGORITHMS as _REGISTRY
-from .config import ALGORITHMS
-from .errors import InvalidArgumentError, UnsupportedError
+from .algorithms import ALGORITHM_NAMES, ALGORITHMS, COMPRESSED
+from .errors import UnsupportedError
 from .reduce_op import op_admits
 
 log = logging.getLogger("zerocomm.comm.select")
 
 _TABLE_PATH = os.path.join(os.path.dirname(__file__), "auto_table.json")
-_CONCRETE = ("native", "ring", "tree", "recursive_doubling")
-_UNBOUNDED = 1 << 62  # the table's "any size" bound (benchmarks/tune.py)
+#: The table's "any size" bound (benchmarks/tune.py writes it).
+UNBOUNDED = 1 << 62
+#: Algorithms "auto" and the suggestions may pick: every exact one.
+_EXACT = tuple(name for name in ALGORITHM_NAMES if name not in COMPRESSED)
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,8 +46,8 @@ def auto_table() -> dict:
         return {}
 
 
-def refusal(collective: str, transport, dtype: torch.dtype, op: Optional[str], algorithm: str) -> Optional[str]:
-    """``None`` if ``algorithm`` can serve the cell, else the reason it cannot."""
+def refusal(collective: str, backend, dtype: torch.dtype, op: Optional[str], algorithm: str) -> Optional[str]:
+    """``None`` if ``algorithm`` can serve the cell on ``backend`` (a backend class), else the reason it cannot."""
     if op is not None:
         reason = op_admits(op, dtype)
         if reason is not None:
@@ -50,14 +55,14 @@ def refusal(collective: str, transport, dtype: torch.dtype, op: Optional[str], a
     if algorithm == "onebit":
         return _onebit_refusal(collective, dtype, op)
     if algorithm == "native":
-        return transport.native_support(collective, dtype, op)
-    if (collective, algorithm) not in _REGISTRY:
+        return backend.native_support(collective, dtype, op)
+    if (collective, algorithm) not in ALGORITHMS:
         return f"zerocomm has no {algorithm} {collective}"
-    return transport.can_move(dtype)
+    return backend.can_move(dtype)
 
 
 def _onebit_refusal(collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
-    if collective not in ("all_reduce", "compressed_all_reduce"):
+    if collective != "all_reduce":
         return "1-bit compression applies to all_reduce only"
     if not dtype.is_floating_point:
         return f"1-bit compression needs a floating dtype, got {dtype}"
@@ -66,47 +71,40 @@ def _onebit_refusal(collective: str, dtype: torch.dtype, op: Optional[str]) -> O
     return None
 
 
-def alternatives(collective: str, transport, dtype: torch.dtype, op: Optional[str], exclude: str) -> List[str]:
-    return [alg for alg in _CONCRETE if alg != exclude and refusal(collective, transport, dtype, op, alg) is None]
+def alternatives(collective: str, backend, dtype: torch.dtype, op: Optional[str], exclude: str) -> List[str]:
+    """The exact algorithms other than ``exclude`` that serve the cell."""
+    return [alg for alg in _EXACT if alg != exclude and refusal(collective, backend, dtype, op, alg) is None]
 
 
-def _auto(collective: str, transport, dtype, op, nbytes: Optional[int]) -> str:
-    """The table's choice.  ``nbytes`` must be the same on every rank (ranks that chose differently
-    would deadlock); ``None`` when it cannot be (uneven all_to_all): then the largest-size row decides."""
-    rows = auto_table().get(transport.name, {}).get(collective, [])
-    for max_world, max_bytes, algorithm in rows:
-        if transport.size <= max_world and (nbytes is None or nbytes <= max_bytes) and (
-                nbytes is not None or max_bytes >= _UNBOUNDED):
-            if refusal(collective, transport, dtype, op, algorithm) is None:
-                return algorithm
-    for algorithm in _CONCRETE:
-        if refusal(collective, transport, dtype, op, algorithm) is None:
-            return algorithm
-    return "native"  # nothing serves it: let the explicit path raise the clear error
+class Rule(NamedTuple):
+    """How a cell picks its algorithm: a fixed ``algorithm`` (or its ``refusal``), or size ``rows``."""
+
+    algorithm: Optional[str]
+    rows: Optional[tuple]
+    """``((max_bytes, algorithm), ...)`` for "auto": the first row whose bound covers the call's S wins."""
+    refusal: Optional[str]
 
 
-def select_algorithm(collective: str, group, dtype: torch.dtype, op: Optional[str], nbytes: Optional[int],
-                     requested: Optional[str], default: str) -> str:
-    """The algorithm that runs this call on ``group``; raises ``UnsupportedError`` if the request cannot."""
-    choice = requested if requested is not None else default
-    if choice not in ALGORITHMS:
-        raise InvalidArgumentError(
-            f"rank {group.my_global_rank}: {collective}: algorithm must be one of {ALGORITHMS}, got {choice!r}")
-    transport = group.transport
-    source = "explicit" if requested is not None else "default"
-    if choice == "auto":
-        choice, source = _auto(collective, transport, dtype, op, nbytes), "auto table"
-    reason = refusal(collective, transport, dtype, op, choice)
-    if reason is not None:
-        raise_unsupported(collective, group, dtype, op, choice, reason)
-    log.debug("%s: %d B %s on %s group of %d -> %s (%s)", collective, nbytes, dtype, transport.name,
-              transport.size, choice, source)
-    return choice
+@functools.lru_cache(maxsize=4096)
+def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[str], choice: str) -> Rule:
+    """The cached selection rule of one cell (``backend`` is the backend class, ``size`` the group's)."""
+    if choice != "auto":
+        return Rule(choice, None, refusal(collective, backend, dtype, op, choice))
+    rows = []
+    for max_world, max_bytes, algorithm in auto_table().get(backend.name, {}).get(collective, []):
+        if size <= max_world and refusal(collective, backend, dtype, op, algorithm) is None:
+            rows.append((max_bytes, algorithm))
+    # Past the table (or without one): the first exact algorithm that serves the cell.
+    fallback = next((a for a in _EXACT if refusal(collective, backend, dtype, op, a) is None), None)
+    if fallback is None:
+        return Rule("native", None, refusal(collective, backend, dtype, op, "native"))
+    rows.append((UNBOUNDED, fallback))
+    return Rule(None, tuple(rows), None)
 
 
 def raise_unsupported(collective: str, group, dtype: torch.dtype, op: Optional[str], choice: str, reason: str):
     """Raise the one ``UnsupportedError`` wording: backend, device, collective, algorithm, dtype, why, instead."""
-    transport = group.transport
+    backend = group.backend_type
     if choice == "onebit":
         if op not in (None, "avg"):
             exact = f"ReduceOp.{op.upper()}"
@@ -114,17 +112,10 @@ def raise_unsupported(collective: str, group, dtype: torch.dtype, op: Optional[s
             exact = "ReduceOp.AVG" if dtype.is_floating_point else "ReduceOp.SUM, then divide,"
         instead = f"use all_reduce with {exact} without compression instead"
     else:
-        others = alternatives(collective, transport, dtype, op, choice)
+        others = alternatives(collective, backend, dtype, op, choice)
         instead = (f"use algorithm={' or '.join(repr(a) for a in others)} instead" if others
                    else "no algorithm serves this cell; use another dtype or op")
     raise UnsupportedError(
-        f"rank {group.my_global_rank}: {collective} is unsupported on backend {transport.name!r} "
-        f"(device {transport.device_type}) with algorithm={choice!r}, dtype {dtype}"
+        f"rank {group.my_global_rank}: {collective} is unsupported on backend {backend.name!r} "
+        f"(device {backend.device_type}) with algorithm={choice!r}, dtype {dtype}"
         f"{'' if op is None else f', op {op.upper()}'}: {reason}; {instead}")
-
-
-def check_compression(collective: str, group, dtype: torch.dtype, op: Optional[str]) -> None:
-    """Raise ``UnsupportedError`` before any byte moves if 1-bit compression cannot serve the call."""
-    reason = refusal(collective, group.transport, dtype, op, "onebit")
-    if reason is not None:
-        raise_unsupported(collective, group, dtype, op, "onebit", reason)

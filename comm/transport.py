@@ -1,25 +1,35 @@
-"""The point-to-point interface every backend implements, and that every algorithm uses.
+"""The backend protocol: what a backend implements, written down once.
 
-A :class:`Transport` is one communicator: ``size`` processes numbered ``0..size-1``
-(group ranks), of which this process is ``rank``.  It moves the bytes of contiguous
-tensors between two of them, matched by ``(peer, tag)``; messages with the same
-``(peer, tag)`` are received in the order they were sent (MPI's non-overtaking rule,
-and gloo's per-slot FIFO).  It knows nothing about torch process groups, ranks of
-other communicators or collectives: the shared-memory transport, a plug-in test
-fake and the torch backends all fit behind it.
+A backend is one communicator: ``size`` processes numbered ``0..size-1`` (group ranks),
+of which this process is ``rank``.  It has three parts:
 
-A backend may also offer *native* collectives (``transport.native``): methods that run
-one collective on the backend's own implementation.  Each returns a :class:`Request`.
-Which (collective, dtype, op) cells a native method serves is answered by
-``transport.native_support(collective, dtype, op)``: ``None`` when it serves the
-cell, else a sentence saying why not.  Algorithms in ``comm.algorithms`` never call
-native methods; ``comm.api`` chooses between the two.
+* **point to point** (:class:`Transport`): ``isend``/``irecv`` of the bytes of contiguous
+  tensors, matched by ``(peer, tag)``; messages with the same ``(peer, tag)`` are received
+  in the order they were sent (MPI's non-overtaking rule, gloo's per-slot FIFO).  That is
+  everything zerocomm's own algorithms (ring, tree, 1-bit) need, so one schedule serves
+  every backend, the test fakes included.
+* **native collectives** (:class:`Backend`): ``NATIVE``, a class-level table
+  ``{collective: function}``; each function has the algorithms' signature
+  ``f(backend, *buffers, tag, deadline, segment_bytes)`` and runs the collective on the
+  backend's own implementation, blocking until done or ``deadline``.
+* **what it supports**, answered at class level so the capability matrix can ask without
+  starting anything: ``native_support(collective, dtype, op)`` and ``can_move(dtype)``
+  (``None`` = served, else a sentence saying why not), ``native_table()`` (how each
+  collective is done, for the docs).
+
+Failures a backend reports while waiting:
+
+* ``TimeoutError`` (the builtin) when the wait's time runs out; its text names what was
+  awaited ("recv from rank 1 (tag 1048577)").
+* :class:`PeerFailure` when the transport says a peer went away or failed.
+
+Anything else raised is a local error (a bad buffer, a bug) and stays what it is; the
+group turns only these two into ``CommTimeoutError`` and ``PeerError``.
 """
 from __future__ import annotations
 
 import abc
-import time
-from typing import Optional, Sequence
+from typing import Callable, ClassVar, Mapping, Optional, Sequence
 
 import torch
 
@@ -28,12 +38,24 @@ import torch
 USER_TAG_LIMIT = 1 << 20
 
 
+class PeerFailure(Exception):
+    """A peer failed or went away while this rank waited on it.
+
+    Attributes:
+        peer: the peer's rank in the communicator, or ``None`` when the backend cannot say
+            which one (a native collective over several peers).
+    """
+
+    def __init__(self, what: str, peer: Optional[int] = None):
+        super().__init__(what)
+        self.peer = peer
+
+
 class Request(abc.ABC):
     """One posted operation (send, recv or native collective).
 
-    ``wait(timeout_s)`` returns when done, or raises ``TimeoutError`` (the builtin;
-    the caller turns it into a ``CommTimeoutError`` that names the op and group)
-    when ``timeout_s`` seconds pass first.  ``None`` means wait forever.
+    ``wait(timeout_s)`` returns when done; raises ``TimeoutError`` when ``timeout_s``
+    seconds pass first (``None``: no limit) or :class:`PeerFailure` when the peer failed.
     """
 
     @abc.abstractmethod
@@ -42,21 +64,11 @@ class Request(abc.ABC):
 
     @abc.abstractmethod
     def wait(self, timeout_s: Optional[float] = None) -> None:
-        """Block, without spinning the CPU, until done or ``timeout_s`` seconds pass."""
-
-
-class CompletedRequest(Request):
-    """A request that was already done when posted (empty tensors, size-1 groups)."""
-
-    def test(self) -> bool:
-        return True
-
-    def wait(self, timeout_s: Optional[float] = None) -> None:
-        return None
+        """Block, without burning a core, until done or ``timeout_s`` seconds pass."""
 
 
 class Transport(abc.ABC):
-    """One communicator of ``size`` processes; this one is ``rank``.
+    """Point to point over one communicator of ``size`` processes; this one is ``rank``.
 
     Attributes:
         name: backend name ("gloo", "mpi", "nccl", ...).
@@ -83,37 +95,62 @@ class Transport(abc.ABC):
         """``None`` if ``isend``/``irecv`` can move tensors of ``dtype``, else why not."""
         return None
 
+
+#: A native collective: ``f(backend, *buffers, tag, deadline, segment_bytes) -> None``.
+NativeCollective = Callable[..., None]
+
+
+class Backend(Transport):
+    """A transport that can also run collectives natively and create sub-communicators.
+
+    ``NATIVE`` lists the collectives the backend runs itself; a collective missing from it
+    has no native form on this backend.  Its functions take the same buffers as the
+    algorithm registry (``comm.algorithms``) and ignore ``tag`` and ``segment_bytes``.
+    """
+
+    NATIVE: ClassVar[Mapping[str, NativeCollective]] = {}
+
     @classmethod
     def native_support(cls, collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
-        """``None`` if the backend's own ``collective`` serves (dtype, op); else why not.  Class-level, so the
-        capability matrix can ask without a communicator."""
-        return f"{cls.name} has no native {collective}"
+        """``None`` if the backend's own ``collective`` serves (dtype, op); else why not."""
+        if collective not in cls.NATIVE:
+            return f"{cls.name} has no native {collective}"
+        return None
 
     @classmethod
     def native_table(cls) -> dict:
-        """``{collective: "native" | "composed: how" | "none: why"}`` for docs and the capability matrix."""
+        """``{collective: "native ..." | "composed: how"}`` for docs and the capability matrix."""
         return {}
 
-    def split(self, ranks: Sequence[int], key: str) -> Optional["Transport"]:
+    #: Whether :meth:`irecv_any` (receive from whichever peer sends) works on this backend.
+    ANY_SOURCE: ClassVar[bool] = False
+
+    def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
+        """Post a receive from whichever peer sends with ``tag``; the request's ``source()`` is its rank."""
+        raise NotImplementedError(f"{self.name} cannot receive from any source")
+
+    def user_isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
+        """``isend`` for the user's send/recv (a backend without tags keeps them apart from collectives)."""
+        return self.isend(tensor, peer, tag)
+
+    def user_irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
+        """``irecv`` for the user's send/recv; see :meth:`user_isend`."""
+        return self.irecv(tensor, peer, tag)
+
+    @classmethod
+    def native_traffic_as(cls, collective: str) -> str:
+        """The collective whose optimal schedule the native ``collective`` moves bytes like (for
+        ``count_bytes``, which cannot see a backend's own messages): itself, unless the backend
+        composes it from something bigger (gloo's reduce_scatter is a whole all_reduce)."""
+        return collective
+
+    def split(self, ranks: Sequence[int], key: str) -> Optional["Backend"]:
         """A new communicator over ``ranks`` (ranks of this one, in order).
 
         Every member of *this* communicator calls it with the same ``ranks`` and ``key``;
         non-members get ``None``.
         """
-        raise NotImplementedError(f"{self.name} transport cannot split")
+        raise NotImplementedError(f"{self.name} backend cannot split")
 
     def close(self) -> None:
         """Release the communicator's resources."""
-
-
-def wait_all(requests: Sequence[Request], deadline: Optional[float]) -> None:
-    """Wait for every request, each bounded by the absolute ``deadline`` (``time.monotonic()`` seconds)."""
-    for req in requests:
-        req.wait(remaining(deadline))
-
-
-def remaining(deadline: Optional[float]) -> Optional[float]:
-    """Seconds left until ``deadline`` (never negative), or ``None`` for no deadline."""
-    if deadline is None:
-        return None
-    return max(0.0, deadline - time.monotonic())

@@ -1,64 +1,126 @@
-"""Checks made before any byte moves.
+"""A public call becomes one checked record, here, before any byte moves.
 
-Local checks look only at this rank's arguments and raise at once.  In debug mode
-(``ZEROCOMM_DEBUG=1``) each collective first all-gathers a small fingerprint —
-sequence number, collective, element count, dtype, root, algorithm — and every rank
-raises ``CollectiveMismatchError`` naming the first two ranks that disagree,
-instead of the hang or abort a mismatched call gives on the wire.
+Each function below takes one public collective's arguments (``api.py`` passes them on
+unchanged), checks what this rank can check alone — group, tensors, dtypes, sizes, roots,
+op, and whether the chosen algorithm serves the cell — and returns a :class:`Call`: the
+flat buffers the algorithm takes, the algorithm and its function, and what to copy back
+to list outputs afterwards.  A wrong argument raises a typed error naming this rank, the
+call and the value; nothing is sent.  ``Group.run`` then runs the record, once.
+
+What one rank cannot check alone — that every rank called the same collective with the
+same sizes — is :func:`cross_check`'s job, in debug mode (``ZEROCOMM_DEBUG=1``): each call
+first all-gathers a small fingerprint (sequence number, collective, op, element count,
+dtype, root, algorithm) and every rank raises ``CollectiveMismatchError`` naming the
+first two ranks that disagree, instead of the hang or abort a mismatch gives on the wire.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import torch
 
+from . import select
+from .algorithms import ALGORITHM_CHOICES, ALGORITHM_NAMES, ALGORITHMS, COLLECTIVES
 from .errors import CollectiveMismatchError, InvalidArgumentError, UnsupportedError
-from .reduce_op import SUPPORTED_DTYPES
+from .group import NON_GROUP_MEMBER, WORLD, Group
+from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, op_name
 
-_COLLECTIVES = ("broadcast", "scatter", "reduce", "all_reduce", "gather", "all_gather", "reduce_scatter",
-                "all_to_all", "barrier", "compressed_all_reduce")
-_ALGORITHM_IDS = ("native", "ring", "tree", "recursive_doubling")
+_DTYPES = frozenset(SUPPORTED_DTYPES)
+_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 
 
-def check_tensor(tensor, what: str, collective: str, group) -> None:
+class Call(NamedTuple):
+    """One collective call, checked and resolved: what ``Group.run`` executes."""
+
+    collective: str
+    """The registry's name ("all_reduce", "all_gather", ...), whatever the public form."""
+    group: Group
+    args: tuple
+    """The algorithm's positional arguments after the transport: flat buffers, op, root, counts."""
+    op: Optional[str]
+    root: int
+    """Group rank of the root, or -1."""
+    algorithm: str
+    function: Callable[..., None]
+    """``function(backend, *args, tag=, deadline=, segment_bytes=, **options)``."""
+    options: Optional[dict]
+    """Extra keywords (the 1-bit algorithm's ``state`` and ``inner``), else ``None``."""
+    async_op: bool
+    timeout: Optional[float]
+    """Seconds for this call's waits; ``None``: the group's timeout."""
+    outputs: tuple
+    """The tensors the call writes (``Work.result()``)."""
+    copy_out: tuple
+    """``(flat source, destination)`` pairs copied after the run (list outputs)."""
+    nbytes: int
+    """S, as nccl-tests defines it for this collective."""
+    numel: int
+    dtype: torch.dtype
+
+
+# -- groups and single checks --------------------------------------------------------------------
+
+def resolve_group(group, what: str) -> Group:
+    """The ``Group`` a call runs on: ``None`` means the default group."""
+    if group is None:
+        g = WORLD.default
+        if g is None:
+            WORLD.require(what)  # raises NotInitializedError
+        return g
+    if isinstance(group, Group):
+        if group.communicator is None:
+            raise InvalidArgumentError(f"{what}: {group.describe()} was destroyed")
+        return group
+    if group is NON_GROUP_MEMBER:
+        world = WORLD.require(what)
+        raise InvalidArgumentError(f"rank {world.my_global_rank}: {what}: this process is not a member of the "
+                                   "group it passed (new_group returned NON_GROUP_MEMBER here)")
+    raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
+
+
+def check_tensor(tensor, what: str, collective: str, group: Group) -> None:
     """``tensor`` is a contiguous tensor of a supported dtype on the backend's device."""
+    if (type(tensor) is torch.Tensor or isinstance(tensor, torch.Tensor)) and tensor.dtype in _DTYPES \
+            and tensor.is_contiguous() and (tensor.is_cpu if group.on_cpu else tensor.device.type == group.device_type):
+        return
     rank = group.my_global_rank
     if not isinstance(tensor, torch.Tensor):
-        raise InvalidArgumentError(f"rank {rank}: {collective}: {what} must be a torch.Tensor, got {type(tensor).__name__}")
+        raise InvalidArgumentError(f"rank {rank}: {collective}: {what} must be a torch.Tensor, got "
+                                   f"{type(tensor).__name__}")
     if not tensor.is_contiguous():
         raise InvalidArgumentError(f"rank {rank}: {collective}: {what} must be contiguous (shape {tuple(tensor.shape)}, "
                                    f"strides {tensor.stride()}); call .contiguous() first")
-    if tensor.dtype not in SUPPORTED_DTYPES:
+    if tensor.dtype not in _DTYPES:
         raise UnsupportedError(f"rank {rank}: {collective}: {what} has dtype {tensor.dtype}, which backend "
                                f"{group.backend!r} does not move; use one of {[str(d) for d in SUPPORTED_DTYPES]}")
-    device = group.transport.device_type
-    if tensor.device.type != device:
-        other = "nccl" if tensor.device.type == "cuda" else "gloo or mpi"
-        raise UnsupportedError(f"rank {rank}: {collective}: {what} is on {tensor.device} but backend "
-                               f"{group.backend!r} moves {device} tensors; move it to {device} or use backend {other!r}")
+    device = group.device_type
+    other = "nccl" if tensor.device.type == "cuda" else "gloo or mpi"
+    raise UnsupportedError(f"rank {rank}: {collective}: {what} is on {tensor.device} but backend "
+                           f"{group.backend!r} moves {device} tensors; move it to {device} or use backend {other!r}")
 
 
-def check_same_dtype(tensors: Sequence[torch.Tensor], dtype: torch.dtype, collective: str, group) -> None:
+def check_same_dtype(tensors: Sequence[torch.Tensor], dtype: torch.dtype, collective: str, group: Group) -> None:
     for index, tensor in enumerate(tensors):
         if tensor.dtype != dtype:
             raise InvalidArgumentError(f"rank {group.my_global_rank}: {collective}: expects uniform dtype {dtype} "
                                        f"but tensor {index} has {tensor.dtype}")
 
 
-def check_numel(tensor: torch.Tensor, expected: int, what: str, collective: str, group) -> None:
+def check_numel(tensor: torch.Tensor, expected: int, what: str, collective: str, group: Group) -> None:
     if tensor.numel() != expected:
         raise InvalidArgumentError(f"rank {group.my_global_rank}: {collective}: {what} has {tensor.numel()} elements, "
                                    f"expected {expected} (shape {tuple(tensor.shape)})")
 
 
-def check_list_length(items, expected: int, what: str, collective: str, group) -> None:
+def check_list_length(items, expected: int, what: str, collective: str, group: Group) -> None:
     if items is None or len(items) != expected:
         got = "None" if items is None else f"{len(items)} items"
         raise InvalidArgumentError(f"rank {group.my_global_rank}: {collective}: {what} must hold one tensor per rank: "
                                    f"expecting {expected} items, got {got}")
 
 
-def group_rank_of(group, global_rank: Optional[int], group_rank: Optional[int], role: str, collective: str) -> int:
+def group_rank_of(group: Group, global_rank: Optional[int], group_rank: Optional[int], role: str,
+                  collective: str) -> int:
     """Canonicalize torch's (``src``/``dst`` global rank, ``group_src``/``group_dst``) pair to a group rank."""
     rank = group.my_global_rank
     if group_rank is not None:
@@ -76,28 +138,298 @@ def group_rank_of(group, global_rank: Optional[int], group_rank: Optional[int], 
     return group.ranks.index(global_rank)
 
 
-def fingerprint(sequence: int, collective: str, numel: int, dtype: torch.dtype, root: int, algorithm: str) -> torch.Tensor:
-    dtype_id = SUPPORTED_DTYPES.index(dtype) if dtype in SUPPORTED_DTYPES else -1
-    return torch.tensor([sequence, _COLLECTIVES.index(collective), numel, dtype_id, root,
-                         _ALGORITHM_IDS.index(algorithm) if algorithm in _ALGORITHM_IDS else -1], dtype=torch.int64)
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """The 1-D view algorithms take (a contiguous 1-D tensor is its own: views cost a microsecond)."""
+    return tensor if tensor.dim() == 1 else tensor.view(-1)
+
+
+def _op(op, dtype: torch.dtype, collective: str, group: Group) -> str:
+    """The op's lower-case name; whether ``dtype`` admits it is part of the cell ``choose_algorithm`` checks."""
+    name = OP_NAMES.get(op)
+    return name if name is not None else op_name(op, collective=collective, rank=group.my_global_rank)
+
+
+def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Optional[str], nbytes: Optional[int],
+            requested: Optional[str], what: str) -> tuple:
+    """``(algorithm, function)`` for the call: explicit ``algorithm=``, else the process default, else
+    "auto".  ``nbytes`` must be the same on every rank (ranks that chose differently would deadlock);
+    ``None`` when it cannot be (uneven all_to_all): the table's unbounded row decides."""
+    choice = WORLD.config.algorithm if requested is None else requested
+    if choice not in ALGORITHM_CHOICES:
+        raise InvalidArgumentError(f"rank {group.my_global_rank}: {what}: algorithm must be one of "
+                                   f"{ALGORITHM_CHOICES}, got {choice!r}")
+    rule = select.rule(group.backend_type, group.size(), collective, dtype, op, choice)
+    if rule.rows is None:
+        if rule.refusal is not None:
+            select.raise_unsupported(collective, group, dtype, op, choice, rule.refusal)
+        algorithm = choice
+    else:
+        size = select.UNBOUNDED if nbytes is None else nbytes
+        for max_bytes, algorithm in rule.rows:
+            if size <= max_bytes:
+                break
+    if select.log.isEnabledFor(10):
+        select.log.debug("%s: %s B %s on %s group of %d -> %s (%s)", collective, nbytes, dtype, group.backend,
+                         group.size(), algorithm, "explicit" if requested is not None else
+                         "auto table" if choice == "auto" else "default")
+    if algorithm == "native":
+        return algorithm, group.backend_type.NATIVE[collective]
+    return algorithm, ALGORITHMS[(collective, algorithm)]
+
+
+def _timeout(timeout) -> Optional[float]:
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    return None if seconds <= 0 else seconds
+
+
+# -- one function per public form ------------------------------------------------------------------
+
+def broadcast(tensor, src, group, async_op, group_src, algorithm) -> Call:
+    g = resolve_group(group, "broadcast")
+    src = 0 if src is None and group_src is None else src
+    root = group_rank_of(g, src, group_src, "src", "broadcast")
+    check_tensor(tensor, "tensor", "broadcast", g)
+    nbytes = tensor.numel() * tensor.element_size()
+    name, fn = choose_algorithm("broadcast", g, tensor.dtype, None, nbytes, algorithm, "broadcast")
+    return Call("broadcast", g, (_flat(tensor), root), None, root, name, fn, None, async_op, None, (tensor,), (),
+                nbytes, tensor.numel(), tensor.dtype)
+
+
+def all_reduce(tensor, op, group, async_op, algorithm, compression, state) -> Call:
+    g = resolve_group(group, "all_reduce")
+    check_tensor(tensor, "tensor", "all_reduce", g)
+    name = _op(op, tensor.dtype, "all_reduce", g)
+    nbytes = tensor.numel() * tensor.element_size()
+    if compression is None and algorithm != "onebit":
+        algo, fn = choose_algorithm("all_reduce", g, tensor.dtype, name, nbytes, algorithm, "all_reduce")
+        return Call("all_reduce", g, (_flat(tensor), name), name, -1, algo, fn, None, async_op, None, (tensor,), (),
+                    nbytes, tensor.numel(), tensor.dtype)
+    return _onebit(tensor, name, g, async_op, algorithm, compression, state, nbytes)
+
+
+def _onebit(tensor, op: str, g: Group, async_op, algorithm, compression, state, nbytes: int) -> Call:
+    """The 1-bit compressed mean: ``algorithm="onebit"``, its sub-collectives on ``algorithm`` (the inner one)."""
+    from ..ops.onebit import ErrorFeedback
+    rank = g.my_global_rank
+    if compression not in ("onebit", None) or algorithm == "onebit":
+        raise InvalidArgumentError(f"rank {rank}: all_reduce: compression must be None or 'onebit' (with "
+                                   f"compression_state), got compression={compression!r}, algorithm={algorithm!r}")
+    reason = select.refusal("all_reduce", g.backend_type, tensor.dtype, op, "onebit")
+    if reason is not None:
+        select.raise_unsupported("all_reduce", g, tensor.dtype, op, "onebit", reason)
+    if not isinstance(state, ErrorFeedback):
+        raise InvalidArgumentError(f"rank {rank}: all_reduce: compression='onebit' needs compression_state, a "
+                                   f"zerocomm.ops.ErrorFeedback (one per tensor), got {type(state).__name__}")
+    inner = WORLD.config.algorithm if algorithm is None else algorithm
+    inner = "native" if inner == "auto" else inner
+    if inner not in ("native", "ring", "tree"):
+        raise UnsupportedError(f"rank {rank}: all_reduce with compression='onebit' on backend {g.backend!r} cannot "
+                               f"run over algorithm={inner!r}; use 'native', 'ring' or 'tree'")
+    for step, wanted in (("all_to_all", "ring" if inner == "tree" else inner), ("all_gather", inner)):
+        choose_algorithm(step, g, torch.uint8, None, tensor.numel() // 8, wanted, "all_reduce")
+    return Call("all_reduce", g, (_flat(tensor), op), op, -1, "onebit", ALGORITHMS[("all_reduce", "onebit")],
+                {"state": state, "inner": inner}, async_op, None, (tensor,), (), nbytes, tensor.numel(), tensor.dtype)
+
+
+def reduce(tensor, dst, op, group, async_op, group_dst, algorithm) -> Call:
+    g = resolve_group(group, "reduce")
+    dst = 0 if dst is None and group_dst is None else dst
+    root = group_rank_of(g, dst, group_dst, "dst", "reduce")
+    check_tensor(tensor, "tensor", "reduce", g)
+    name = _op(op, tensor.dtype, "reduce", g)
+    nbytes = tensor.numel() * tensor.element_size()
+    algo, fn = choose_algorithm("reduce", g, tensor.dtype, name, nbytes, algorithm, "reduce")
+    return Call("reduce", g, (_flat(tensor), name, root), name, root, algo, fn, None, async_op, None, (tensor,), (),
+                nbytes, tensor.numel(), tensor.dtype)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorithm) -> Call:
+    what = "all_gather_into_tensor"
+    g = resolve_group(group, what)
+    check_tensor(input_tensor, "input_tensor", what, g)
+    check_tensor(output_tensor, "output_tensor", what, g)
+    check_same_dtype([output_tensor], input_tensor.dtype, what, g)
+    check_numel(output_tensor, g.size() * input_tensor.numel(), "output_tensor", what, g)
+    nbytes = output_tensor.numel() * output_tensor.element_size()
+    algo, fn = choose_algorithm("all_gather", g, input_tensor.dtype, None, nbytes, algorithm, what)
+    return Call("all_gather", g, (_flat(output_tensor), _flat(input_tensor)), None, -1, algo, fn, None, async_op,
+                None, (output_tensor,), (), nbytes, input_tensor.numel(), input_tensor.dtype)
+
+
+def all_gather(tensor_list, tensor, group, async_op, algorithm) -> Call:
+    g = resolve_group(group, "all_gather")
+    check_tensor(tensor, "tensor", "all_gather", g)
+    check_list_length(tensor_list, g.size(), "tensor_list", "all_gather", g)
+    check_same_dtype(tensor_list, tensor.dtype, "all_gather", g)
+    for index, item in enumerate(tensor_list):
+        check_numel(item, tensor.numel(), f"tensor_list[{index}]", "all_gather", g)
+    flat = torch.empty(g.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    nbytes = flat.numel() * flat.element_size()
+    algo, fn = choose_algorithm("all_gather", g, tensor.dtype, None, nbytes, algorithm, "all_gather")
+    copy_out = tuple(zip(flat.view(g.size(), -1), tensor_list)) if tensor.numel() else ()
+    return Call("all_gather", g, (flat, _flat(tensor)), None, -1, algo, fn, None, async_op, None,
+                tuple(tensor_list), copy_out, nbytes, tensor.numel(), tensor.dtype)
+
+
+def gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm) -> Call:
+    g = resolve_group(group, "gather")
+    dst = 0 if dst is None and group_dst is None else dst
+    root = group_rank_of(g, dst, group_dst, "dst", "gather")
+    check_tensor(tensor, "tensor", "gather", g)
+    flat, copy_out = None, ()  # the root alone receives, and copies out into gather_list
+    if g.rank == root:
+        check_list_length(gather_list, g.size(), "gather_list", "gather", g)
+        check_same_dtype(gather_list, tensor.dtype, "gather", g)
+        for index, item in enumerate(gather_list):
+            check_numel(item, tensor.numel(), f"gather_list[{index}]", "gather", g)
+        flat = torch.empty(g.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        if tensor.numel():
+            copy_out = tuple(zip(flat.view(g.size(), -1), gather_list))
+    elif gather_list:
+        raise InvalidArgumentError(f"rank {g.my_global_rank}: gather: gather_list must be given only on the "
+                                   f"destination rank {g.ranks[root]}")
+    nbytes = g.size() * tensor.numel() * tensor.element_size()
+    algo, fn = choose_algorithm("gather", g, tensor.dtype, None, nbytes, algorithm, "gather")
+    return Call("gather", g, (flat, _flat(tensor), root), None, root, algo, fn, None, async_op, None,
+                tuple(gather_list or ()), copy_out, nbytes, tensor.numel(), tensor.dtype)
+
+
+def scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm) -> Call:
+    g = resolve_group(group, "scatter")
+    src = 0 if src is None and group_src is None else src
+    root = group_rank_of(g, src, group_src, "src", "scatter")
+    check_tensor(tensor, "tensor", "scatter", g)
+    flat = None
+    if g.rank == root:
+        check_list_length(scatter_list, g.size(), "scatter_list", "scatter", g)
+        check_same_dtype(scatter_list, tensor.dtype, "scatter", g)
+        for index, item in enumerate(scatter_list):
+            check_numel(item, tensor.numel(), f"scatter_list[{index}]", "scatter", g)
+        flat = (torch.cat([item.reshape(-1) for item in scatter_list]) if tensor.numel()
+                else torch.empty(0, dtype=tensor.dtype, device=tensor.device))
+    elif scatter_list:
+        raise InvalidArgumentError(f"rank {g.my_global_rank}: scatter: scatter_list must be given only on the "
+                                   f"source rank {g.ranks[root]}")
+    nbytes = g.size() * tensor.numel() * tensor.element_size()
+    algo, fn = choose_algorithm("scatter", g, tensor.dtype, None, nbytes, algorithm, "scatter")
+    return Call("scatter", g, (_flat(tensor), flat, root), None, root, algo, fn, None, async_op, None, (tensor,), (),
+                nbytes, tensor.numel(), tensor.dtype)
+
+
+def reduce_scatter_tensor(output, input, op, group, async_op, algorithm) -> Call:
+    what = "reduce_scatter_tensor"
+    g = resolve_group(group, what)
+    check_tensor(input, "input", what, g)
+    check_tensor(output, "output", what, g)
+    check_same_dtype([output], input.dtype, what, g)
+    name = _op(op, input.dtype, what, g)
+    check_numel(input, g.size() * output.numel(), "input", what, g)
+    nbytes = input.numel() * input.element_size()
+    algo, fn = choose_algorithm("reduce_scatter", g, input.dtype, name, nbytes, algorithm, what)
+    return Call("reduce_scatter", g, (_flat(output), _flat(input), name), name, -1, algo, fn, None, async_op,
+                None, (output,), (), nbytes, output.numel(), input.dtype)
+
+
+def reduce_scatter(output, input_list, op, group, async_op, algorithm) -> Call:
+    g = resolve_group(group, "reduce_scatter")
+    check_tensor(output, "output", "reduce_scatter", g)
+    name = _op(op, output.dtype, "reduce_scatter", g)
+    check_list_length(input_list, g.size(), "input_list", "reduce_scatter", g)
+    check_same_dtype(input_list, output.dtype, "reduce_scatter", g)
+    for index, item in enumerate(input_list):
+        check_numel(item, output.numel(), f"input_list[{index}]", "reduce_scatter", g)
+    flat = (torch.cat([item.reshape(-1) for item in input_list]) if output.numel()
+            else torch.empty(0, dtype=output.dtype, device=output.device))
+    nbytes = flat.numel() * flat.element_size()
+    algo, fn = choose_algorithm("reduce_scatter", g, output.dtype, name, nbytes, algorithm, "reduce_scatter")
+    return Call("reduce_scatter", g, (_flat(output), flat, name), name, -1, algo, fn, None, async_op, None,
+                (output,), (), nbytes, output.numel(), output.dtype)
+
+
+def _split_counts(tensor: torch.Tensor, splits, what: str, g: Group) -> List[int]:
+    """Element counts per rank from dim-0 split sizes (or an even split)."""
+    n = g.size()
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row_numel = tensor.numel() // rows if rows else 0
+    if splits is None or len(splits) == 0:
+        if rows % n:
+            raise InvalidArgumentError(f"rank {g.my_global_rank}: all_to_all_single: {what} has {rows} rows, not "
+                                       f"divisible by the group size {n}; pass {what}_split_sizes")
+        return [rows // n * row_numel] * n
+    splits = [int(s) for s in splits]
+    if len(splits) != n or sum(splits) != rows or min(splits) < 0:
+        raise InvalidArgumentError(f"rank {g.my_global_rank}: all_to_all_single: {what}_split_sizes {splits} must "
+                                   f"have {n} non-negative entries summing to {what}.shape[0] = {rows}")
+    return [s * row_numel for s in splits]
+
+
+def all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op, algorithm) -> Call:
+    what = "all_to_all_single"
+    g = resolve_group(group, what)
+    check_tensor(input, "input", what, g)
+    check_tensor(output, "output", what, g)
+    check_same_dtype([output], input.dtype, what, g)
+    in_counts = _split_counts(input, input_split_sizes, "input", g)
+    out_counts = _split_counts(output, output_split_sizes, "output", g)
+    # An all_to_all's send size differs between ranks (uneven splits): "auto" must not depend on it.
+    algo, fn = choose_algorithm("all_to_all", g, input.dtype, None, None, algorithm, what)
+    return Call("all_to_all", g, (_flat(output), _flat(input), out_counts, in_counts), None, -1, algo, fn, None,
+                async_op, None, (output,), (), input.numel() * input.element_size(), -1, input.dtype)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm) -> Call:
+    g = resolve_group(group, "all_to_all")
+    check_list_length(input_tensor_list, g.size(), "input_tensor_list", "all_to_all", g)
+    check_list_length(output_tensor_list, g.size(), "output_tensor_list", "all_to_all", g)
+    for index, item in enumerate(list(input_tensor_list) + list(output_tensor_list)):
+        check_tensor(item, f"tensor {index}", "all_to_all", g)
+    dtype = input_tensor_list[0].dtype
+    check_same_dtype(list(input_tensor_list) + list(output_tensor_list), dtype, "all_to_all", g)
+    flat_in = torch.cat([item.reshape(-1) for item in input_tensor_list])
+    out_counts = [item.numel() for item in output_tensor_list]
+    in_counts = [item.numel() for item in input_tensor_list]
+    flat_out = torch.empty(sum(out_counts), dtype=dtype, device=flat_in.device)
+    algo, fn = choose_algorithm("all_to_all", g, dtype, None, None, algorithm, "all_to_all")
+    copy_out = tuple(zip(flat_out.split(out_counts), output_tensor_list))
+    return Call("all_to_all", g, (flat_out, flat_in, out_counts, in_counts), None, -1, algo, fn, None, async_op, None,
+                tuple(output_tensor_list), copy_out, flat_in.numel() * flat_in.element_size(), -1, dtype)
+
+
+def barrier(group, async_op, timeout, algorithm) -> Call:
+    g = resolve_group(group, "barrier")
+    algo, fn = choose_algorithm("barrier", g, torch.uint8, None, 0, algorithm, "barrier")
+    return Call("barrier", g, (), None, -1, algo, fn, None, async_op, _timeout(timeout), (), (), 0, 0,
+                torch.uint8)
+
+
+# -- debug: the cross-rank fingerprint --------------------------------------------------------------
+
+def _fingerprint(call: Call, tag: int) -> torch.Tensor:
+    dtype_id = SUPPORTED_DTYPES.index(call.dtype) if call.dtype in _DTYPES else -1
+    return torch.tensor([tag, COLLECTIVES.index(call.collective), _OPS.index(call.op) if call.op else -1,
+                         call.numel, dtype_id, call.root, ALGORITHM_NAMES.index(call.algorithm)],
+                        dtype=torch.int64, device=call.group.device_type)
 
 
 def _describe(row) -> str:
-    seq, coll, numel, dtype_id, root, alg = (int(v) for v in row)
+    tag, coll, op, numel, dtype_id, root, alg = (int(v) for v in row)
     dtype = SUPPORTED_DTYPES[dtype_id] if 0 <= dtype_id < len(SUPPORTED_DTYPES) else "?"
-    algorithm = _ALGORITHM_IDS[alg] if 0 <= alg < len(_ALGORITHM_IDS) else "?"
-    return (f"call #{seq} {_COLLECTIVES[coll]} of {numel} elements of {dtype}"
-            f"{'' if root < 0 else f' with root {root}'} (algorithm {algorithm})")
+    return (f"call #{tag} {COLLECTIVES[coll]}{'' if op < 0 else f' {_OPS[op].upper()}'} of {numel} elements of "
+            f"{dtype}{'' if root < 0 else f' with root {root}'} (algorithm {ALGORITHM_NAMES[alg]})")
 
 
-def cross_check(group, mine: torch.Tensor, deadline: Optional[float]) -> None:
-    """All-gather every rank's fingerprint; raise on every rank if any two differ."""
-    transport = group.transport
-    everyone = torch.empty(transport.size * mine.numel(), dtype=mine.dtype)
-    transport.native_all_gather(everyone, mine, tag=0, deadline=deadline, segment_bytes=1 << 20)
-    rows = everyone.view(transport.size, -1)
-    for other in range(1, transport.size):
+def cross_check(call: Call, tag: int, deadline: Optional[float]) -> None:
+    """All-gather every rank's fingerprint of ``call``; raise on every rank if any two differ."""
+    group, backend = call.group, call.group.communicator
+    mine = _fingerprint(call, tag)
+    everyone = torch.empty(backend.size * mine.numel(), dtype=mine.dtype, device=mine.device)
+    backend.NATIVE["all_gather"](backend, everyone, mine, tag=0, deadline=deadline, segment_bytes=0)
+    rows = everyone.view(backend.size, -1).cpu()
+    for other in range(1, backend.size):
         if not torch.equal(rows[0], rows[other]):
             raise CollectiveMismatchError(
                 f"rank {group.my_global_rank}: mismatched collectives on {group.describe()}: rank {group.ranks[0]} "
                 f"called {_describe(rows[0])}, but rank {group.ranks[other]} called {_describe(rows[other])}")
+

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import torch
 
@@ -40,12 +40,6 @@ class Work:
         self._future = future
         self._outputs = list(outputs or [])
         self._torch_future: Optional[torch.futures.Future] = None
-
-    @classmethod
-    def completed(cls, description: str, outputs=None) -> "Work":
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        future.set_result(None)
-        return cls(description, future, outputs)
 
     def wait(self, timeout=None) -> bool:
         """Block until done; raise the operation's error, or ``CommTimeoutError`` after ``timeout``."""
@@ -93,9 +87,3 @@ class Work:
         state = "done" if self._future.done() else "pending"
         return f"<zerocomm Work {self._description} ({state})>"
 
-
-def gather_futures(works: List[Any]) -> None:
-    """Wait for every ``Work`` in ``works`` (``None`` entries are skipped)."""
-    for work in works:
-        if work is not None:
-            work.wait()

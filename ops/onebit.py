@@ -24,7 +24,7 @@ Padding rule
     excluded from scales (``compress(x, valid)``) and its error is kept at 0,
     so padding neither shrinks a scale nor accumulates error.
 
-Error feedback (1-bit Adam, Tang et al. 2021; REFERENCE.md)
+Error feedback (1-bit Adam, Tang et al. 2021)
     ``ErrorFeedback`` holds, for one bucket, the worker error (step 1, the
     padded bucket's size) and the server error (step 3, this rank's segment's
     size).  The communication between the steps belongs to ``zerocomm.comm``.
@@ -219,7 +219,7 @@ class ErrorFeedback:
     Shapes (``P`` = ``onebit_padded_numel(numel, world_size)`` of the bucket):
 
     - ``worker_error``: 1-D, ``P`` elements, the dtype and device of the tensor
-      passed to ``compensate_and_compress``.  Step 1 of REFERENCE.md.
+      passed to ``compensate_and_compress``.  Step 1 of the scheme (``comm/algorithms/compressed.py``).
     - ``server_error``: 1-D, ``P // world_size`` elements (this rank's segment),
       the dtype and device of the tensor passed to
       ``server_compensate_and_compress``.  Step 3.

@@ -8,7 +8,7 @@ the same code serves CPU and CUDA tensors (and never synchronizes a device).
 Which dtypes admit which ops:
 
 * floating point (float16, bfloat16, float32, float64): sum, avg, product, min, max
-* integers (uint8, int8, int16, int32, int64): sum, product, min, max, band, bor, bxor
+* integers (uint8, int8, int32, int64): sum, product, min, max, band, bor, bxor
   (no avg: an integer mean would silently truncate)
 * bool: min, max, band, bor, bxor (min is logical and, max logical or)
 """
@@ -22,7 +22,13 @@ import torch
 REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+# int16 is left out: torch's gloo refuses it ("Invalid scalar type"), so no backend could serve it everywhere.
+INT_DTYPES = (torch.uint8, torch.int8, torch.int32, torch.int64)
+
+#: Every dtype zerocomm moves and reduces, in the order tables list them: the one dtype table that
+#: validation, selection, the capability matrix, the docs and the tests read.
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16,
+          torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool)
 
 _FLOAT_OPS = frozenset(("sum", "avg", "product", "min", "max"))
 _INT_OPS = frozenset(("sum", "product", "min", "max", "band", "bor", "bxor"))
@@ -70,7 +76,9 @@ def _maximum(dst: torch.Tensor, src: torch.Tensor) -> None:
     torch.maximum(dst, src, out=dst)
 
 
-_KERNELS: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
+#: ``KERNELS[op](dst, src)`` combines ``src`` into ``dst`` in place, unchecked: for algorithms, whose
+#: arguments were validated before any byte moved (``avg`` combines as ``sum``).
+KERNELS: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
     "sum": torch.Tensor.add_,
     "avg": torch.Tensor.add_,
     "product": torch.Tensor.mul_,
@@ -98,7 +106,7 @@ def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> torch.Tensor:
         raise ValueError(f"reduce_: sizes differ: dst has {dst.numel()} elements, src has {src.numel()}")
     if src.shape != dst.shape:
         src = src.reshape(dst.shape)
-    _KERNELS[op](dst, src)
+    KERNELS[op](dst, src)
     return dst
 
 

@@ -3,8 +3,10 @@
 ``ALGORITHMS[(collective, algorithm)]`` is the function that runs ``collective`` with
 ``algorithm``; a missing cell (e.g. ``("gather", "ring")``) is not implemented, and the
 selection layer turns its absence into an ``UnsupportedError`` that names an alternative.
-Every function takes the transport first, the collective's buffers, then keyword-only
-``tag``, ``deadline`` and ``segment_bytes``, and returns ``None``.  Signatures by collective:
+"native" is each backend's own table (``Backend.NATIVE``), with the same signatures;
+:func:`function_for` looks up either.  Every function takes the transport first, the
+collective's flat buffers (validated by ``comm.validate``), then keyword-only ``tag``,
+``deadline`` and ``segment_bytes``, and returns ``None``.  Signatures by collective:
 
 =============== =====================================================================
 all_reduce      ``f(t, tensor, op, *, ...)``
@@ -17,10 +19,16 @@ reduce_scatter  ``f(t, output, input, op, *, ...)``
 all_to_all      ``f(t, output, input, out_counts, in_counts, *, ...)``
 barrier         ``f(t, *, ...)``
 =============== =====================================================================
+
+``("all_reduce", "onebit")`` also takes ``state`` (the caller's error feedback) and
+``inner`` (the algorithm of its two sub-collectives); it computes the mean with
+compression error, so it is never chosen by "auto" and the exact-result suites leave it out.
 """
 from __future__ import annotations
 
 from typing import Callable
+
+from .compressed import all_reduce_onebit
 
 from .ring import (
     all_gather_ring,
@@ -71,7 +79,24 @@ ALGORITHMS: dict[tuple[str, str], Callable[..., None]] = {
     ("reduce_scatter", "tree"): reduce_scatter_tree,
     ("all_to_all", "ring"): all_to_all_ring,
     ("barrier", "tree"): barrier_tree,
+    ("all_reduce", "onebit"): all_reduce_onebit,
 }
+
+#: Algorithms whose result carries compression error (not the exact reduction).
+COMPRESSED = ("onebit",)
+
+#: Every algorithm name, in the order tables list them: the backend's own, then zerocomm's.
+ALGORITHM_NAMES = ("native",) + tuple(dict.fromkeys(name for _, name in ALGORITHMS))
+
+#: What ``algorithm=`` accepts: a name above, or "auto" (the tuned table's choice).
+ALGORITHM_CHOICES = ALGORITHM_NAMES + ("auto",)
+
+
+def function_for(collective: str, algorithm: str, backend) -> Callable[..., None]:
+    """The function that runs ``collective`` with ``algorithm`` on ``backend`` (its own table for "native")."""
+    if algorithm == "native":
+        return backend.NATIVE[collective]
+    return ALGORITHMS[(collective, algorithm)]
 
 
 def algorithms_for(collective: str) -> list[str]:
@@ -79,4 +104,5 @@ def algorithms_for(collective: str) -> list[str]:
     return [algo for (coll, algo) in ALGORITHMS if coll == collective]
 
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "algorithms_for"] + sorted({fn.__name__ for fn in ALGORITHMS.values()})
+__all__ = ["ALGORITHMS", "ALGORITHM_CHOICES", "ALGORITHM_NAMES", "COLLECTIVES", "COMPRESSED", "algorithms_for",
+           "function_for"] + sorted({fn.__name__ for fn in ALGORITHMS.values()})

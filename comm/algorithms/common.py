@@ -1,63 +1,37 @@
-"""Helpers shared by the ring and tree algorithms: argument checks, segmenting, scratch, sends.
+"""Helpers shared by the tree algorithms: segmenting, scratch, segmented sends, bounded waits.
 
 Every algorithm is a plain function ``f(t, buffers..., *, tag, deadline, segment_bytes)`` over a
-:class:`~zerocomm.comm.transport.Transport` ``t`` whose ranks are ``0..t.size-1``.  These
-helpers check what one rank can check alone (sizes, roots, dtype/op) and raise
-:class:`InvalidArgumentError` naming this process's rank and the offending value; whether the
-ranks agree with each other is ``comm.validate``'s job, before an algorithm runs.
+:class:`~zerocomm.comm.transport.Transport` ``t`` whose ranks are ``0..t.size-1``; buffers are flat
+(1-D, contiguous) and were validated by ``comm.validate`` before any byte moved.
 """
 from __future__ import annotations
 
-from typing import Optional
+import time
+from typing import Optional, Sequence
 
 import torch
 
 from ...ops.chunk import segment_bounds
-from ...ops.reduce import op_admits
-from ..errors import InvalidArgumentError
 from ..transport import Request, Transport
 
-#: Receives a chain or tree posts ahead of the segment it is consuming: enough to keep a
-#: neighbour's sends completing while this rank reduces or forwards, small enough that
-#: scratch stays a few segments.
-RECV_DEPTH = 4
+
+def remaining(deadline: Optional[float]) -> Optional[float]:
+    """Seconds left until ``deadline`` (``time.monotonic()`` seconds; never negative), or ``None``."""
+    if deadline is None:
+        return None
+    return max(0.0, deadline - time.monotonic())
 
 
-def flat(t: Transport, tensor: torch.Tensor, what: str, collective: str) -> torch.Tensor:
-    """``tensor`` viewed as 1-D; it must be contiguous (transports move whole contiguous buffers)."""
-    if not isinstance(tensor, torch.Tensor):
-        raise InvalidArgumentError(
-            f"{collective}: rank {t.rank}: {what} must be a torch.Tensor, got {type(tensor).__name__}"
-        )
-    if not tensor.is_contiguous():
-        raise InvalidArgumentError(f"{collective}: rank {t.rank}: {what} must be contiguous (shape {tuple(tensor.shape)})")
-    return tensor.view(-1)
+def wait_all(requests: Sequence[Request], deadline: Optional[float]) -> None:
+    """Wait for every request, each bounded by the absolute ``deadline``."""
+    for req in requests:
+        req.wait(remaining(deadline))
 
 
-def check_op(t: Transport, op: str, dtype: torch.dtype, collective: str) -> None:
-    reason = op_admits(op, dtype)
-    if reason is not None:
-        raise InvalidArgumentError(f"{collective}: rank {t.rank}: {reason}")
-
-
-def check_root(t: Transport, root: int, collective: str) -> None:
-    if not isinstance(root, int) or not 0 <= root < t.size:
-        raise InvalidArgumentError(f"{collective}: rank {t.rank}: root must be in [0, {t.size}), got {root!r}")
-
-
-def check_numel(t: Transport, tensor: torch.Tensor, expected: int, what: str, collective: str) -> None:
-    if tensor.numel() != expected:
-        raise InvalidArgumentError(
-            f"{collective}: rank {t.rank}: {what} must have {expected} elements, got {tensor.numel()}"
-        )
-
-
-def check_same_dtype(t: Transport, a: torch.Tensor, b: torch.Tensor, collective: str) -> None:
-    if a.dtype != b.dtype:
-        raise InvalidArgumentError(
-            f"{collective}: rank {t.rank}: output and input dtypes differ ({a.dtype} vs {b.dtype})"
-        )
-
+def finalize(buf: torch.Tensor, op: str, n: int) -> None:
+    """``avg`` divides the reduced sum by the number of contributions; other ops are done already."""
+    if op == "avg" and n > 1:
+        buf.div_(n)
 
 def segment_elems(tensor: torch.Tensor, segment_bytes: int) -> Optional[int]:
     """Elements per segment for ``tensor``'s dtype (at least 1); ``None`` when ``segment_bytes <= 0`` (no segmenting)."""

@@ -17,13 +17,13 @@ in its last bytes, so the scheme costs two collectives, not four.  Bytes sent pe
 rank ≈ 2·(n-1)·(P/(8n) + scale bytes), about 1/32 of a float32 ring all_reduce's
 2·(n-1)/n·4·numel.
 
-The two collectives are injected (``all_to_all``, ``all_gather``, the signatures of
-the algorithm registry without the transport), so the same schedule runs over a
-backend's native collectives or zerocomm's ring and tree.
+The two collectives run with the ``inner`` algorithm ("native", "ring" or "tree"; a
+tree has no all_to_all, so tree runs the pairwise ring exchange there), looked up in
+the same registry as every other algorithm, so the schedule serves every backend.
+It is registered as ``("all_reduce", "onebit")``; the call's ``compression_state``
+and ``algorithm`` arrive as ``state`` and ``inner``.
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 
@@ -40,13 +40,23 @@ def _pack_message(signs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.cat([signs, scale.reshape(1).view(torch.uint8)])
 
 
-def all_reduce_onebit(t, tensor: torch.Tensor, state: ErrorFeedback, *, all_to_all: Callable,
-                      all_gather: Callable, tag: int, deadline, segment_bytes: int) -> None:
-    """Replace ``tensor`` (1-D, floating) on every rank by the 1-bit-compressed mean over the ranks.
+def onebit_message_bytes(numel: int, n: int, dtype: torch.dtype) -> int:
+    """Bytes of one compressed row (a segment's signs and its scale): what each of the two steps sends
+    per peer.  A rank sends ``2 (n-1)`` of them per call."""
+    return onebit_padded_numel(numel, n) // n // 8 + (8 if dtype == torch.float64 else 4)
 
-    ``state`` is this rank's error feedback for this tensor (one per tensor or bucket, owned by the
-    caller).  Every rank of ``t`` calls it with tensors of the same numel and dtype.
+
+def all_reduce_onebit(t, tensor: torch.Tensor, op: str, *, tag: int, deadline, segment_bytes: int,
+                      state: ErrorFeedback, inner: str = "native") -> None:
+    """Replace the flat floating ``tensor`` on every rank by the 1-bit-compressed mean over the ranks.
+
+    ``op`` is "avg" (validated).  ``state`` is this rank's error feedback for this tensor (one per
+    tensor or bucket, owned by the caller).  Every rank of ``t`` calls it with tensors of the same
+    numel and dtype, and the same ``inner``.
     """
+    from . import function_for  # the registry imports this module
+    all_to_all = function_for("all_to_all", "ring" if inner == "tree" else inner, t)
+    all_gather = function_for("all_gather", inner, t)
     n = t.size
     if n == 1 or tensor.numel() == 0:
         return  # the mean of one rank's tensor is the tensor: nothing to compress
@@ -65,7 +75,7 @@ def all_reduce_onebit(t, tensor: torch.Tensor, state: ErrorFeedback, *, all_to_a
     send[:, :seg_bytes] = signs.view(n, seg_bytes)
     send[:, seg_bytes:] = scale.reshape(1).view(torch.uint8)
     received = torch.empty_like(send)
-    all_to_all(received.view(-1), send.view(-1), [row] * n, [row] * n, tag=tag, deadline=deadline,
+    all_to_all(t, received.view(-1), send.view(-1), [row] * n, [row] * n, tag=tag, deadline=deadline,
                segment_bytes=segment_bytes)
 
     # 3. the server's average of its segment: all n versions unpacked at once, weighted by their scales
@@ -79,7 +89,7 @@ def all_reduce_onebit(t, tensor: torch.Tensor, state: ErrorFeedback, *, all_to_a
 
     # 4. everyone gathers every server's compressed segment and decompresses the whole
     gathered = torch.empty((n, row), dtype=torch.uint8, device=tensor.device)
-    all_gather(gathered.view(-1), _pack_message(server_signs, server_scale), tag=tag, deadline=deadline,
+    all_gather(t, gathered.view(-1), _pack_message(server_signs, server_scale), tag=tag, deadline=deadline,
                segment_bytes=segment_bytes)
     result = unpack_signs(gathered[:, :seg_bytes].reshape(-1), padded, dtype=dtype).view(n, seg)
     result.mul_(gathered[:, seg_bytes:].clone().view(dtype).view(n, 1))

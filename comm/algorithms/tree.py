@@ -24,20 +24,18 @@ from typing import Optional
 
 import torch
 
-from ...ops.reduce import finalize_, reduce_
-from ..transport import Request, Transport, remaining, wait_all
+from ...ops.reduce import KERNELS
+from ..transport import Request, Transport
 from .common import (
-    check_numel,
-    check_op,
-    check_root,
-    check_same_dtype,
-    flat,
+    finalize,
     recv_segmented,
+    remaining,
     same_memory,
     scratch,
     segment_elems,
     segments,
     send_segmented,
+    wait_all,
 )
 
 
@@ -68,8 +66,7 @@ def broadcast_tree(
     t: Transport, tensor: torch.Tensor, root: int, *, tag: int, deadline: Optional[float], segment_bytes: int
 ) -> None:
     """Copy ``root``'s ``tensor`` into every rank's ``tensor`` down a pipelined binomial tree."""
-    buf = flat(t, tensor, "tensor", "broadcast")
-    check_root(t, root, "broadcast")
+    buf = tensor
     _broadcast(t, buf, root, tag, deadline, segment_bytes)
 
 
@@ -103,9 +100,7 @@ def reduce_tree(
     segment_bytes: int,
 ) -> None:
     """Reduce every rank's ``tensor`` into ``root``'s up a pipelined binomial tree; non-root tensors are unchanged."""
-    buf = flat(t, tensor, "tensor", "reduce")
-    check_root(t, root, "reduce")
-    check_op(t, op, buf.dtype, "reduce")
+    buf = tensor
     _reduce(t, buf, op, root, tag, deadline, segment_bytes, clobber=False)
 
 
@@ -124,7 +119,7 @@ def _reduce(
     v = (t.rank - root) % n
     if n == 1 or buf.numel() == 0:
         if v == 0:
-            finalize_(buf, op, n)
+            finalize(buf, op, n)
         return
     kids = [(c + root) % n for c in _children(v, n)]  # smallest subtree first: it is ready first
     parent = (_parent(v) + root) % n if v != 0 else None
@@ -157,20 +152,19 @@ def _reduce(
             acc.copy_(buf[lo:hi])
         for kid in kids:
             recvs.pop((kid, k)).wait(remaining(deadline))
-            reduce_(acc, slots[kid][k % 2][: hi - lo], op)
+            KERNELS[op](acc, slots[kid][k % 2][: hi - lo])
         if parent is not None:
             sends[k] = t.isend(acc, parent, tag)
     wait_all(list(sends.values()), deadline)
     if v == 0:
-        finalize_(buf, op, n)
+        finalize(buf, op, n)
 
 
 def all_reduce_tree(
     t: Transport, tensor: torch.Tensor, op: str, *, tag: int, deadline: Optional[float], segment_bytes: int
 ) -> None:
     """Reduce ``tensor`` in place on every rank: binomial reduce to rank 0, then binomial broadcast."""
-    buf = flat(t, tensor, "tensor", "all_reduce")
-    check_op(t, op, buf.dtype, "all_reduce")
+    buf = tensor
     _reduce(t, buf, op, 0, tag, deadline, segment_bytes, clobber=True)
     _broadcast(t, buf, 0, tag, deadline, segment_bytes)
 
@@ -182,11 +176,10 @@ def all_reduce_recursive_doubling(
 
     Latency-optimal; each exchange moves the whole buffer, so it suits small tensors.  Scratch is one buffer.
     """
-    buf = flat(t, tensor, "tensor", "all_reduce")
-    check_op(t, op, buf.dtype, "all_reduce")
+    buf = tensor
     n, r = t.size, t.rank
     if n == 1 or buf.numel() == 0:
-        finalize_(buf, op, n)
+        finalize(buf, op, n)
         return
     seg = segment_elems(buf, segment_bytes)
     p = 1 << (n.bit_length() - 1)
@@ -198,7 +191,7 @@ def all_reduce_recursive_doubling(
         newrank = -1
     elif r < 2 * rem:
         wait_all(recv_segmented(t, incoming, r - 1, tag, seg), deadline)
-        reduce_(buf, incoming, op)
+        KERNELS[op](buf, incoming)
         newrank = r // 2
     else:
         newrank = r - rem
@@ -212,14 +205,14 @@ def all_reduce_recursive_doubling(
             for k, (lo, hi) in enumerate(segments(0, buf.numel(), seg)):
                 sends[k].wait(remaining(deadline))  # buf[lo:hi] is about to change
                 recvs[k].wait(remaining(deadline))
-                reduce_(buf[lo:hi], incoming[lo:hi], op)
+                KERNELS[op](buf[lo:hi], incoming[lo:hi])
             mask <<= 1
     # Fold out: the result goes back to the ranks that sat out.
     if r < 2 * rem and r % 2 == 1:
         wait_all(send_segmented(t, buf, r - 1, tag, seg), deadline)
     elif r < 2 * rem:
         wait_all(recv_segmented(t, buf, r + 1, tag, seg), deadline)
-    finalize_(buf, op, n)
+    finalize(buf, op, n)
 
 
 def gather_tree(
@@ -236,13 +229,8 @@ def gather_tree(
 
     Each rank sends its whole subtree's blocks to its parent in one segmented message.
     """
-    inp = flat(t, input, "input", "gather")
-    check_root(t, root, "gather")
-    out = None
-    if t.rank == root:
-        out = flat(t, output, "output", "gather")
-        check_same_dtype(t, out, inp, "gather")
-        check_numel(t, out, t.size * inp.numel(), "output (world size x input numel)", "gather")
+    inp = input
+    out = output if t.rank == root else None
     _gather(t, out, inp, root, tag, deadline, segment_bytes)
 
 
@@ -302,13 +290,8 @@ def scatter_tree(
 
     Each rank receives its whole subtree's blocks from its parent and passes the children theirs.
     """
-    out = flat(t, output, "output", "scatter")
-    check_root(t, root, "scatter")
-    inp = None
-    if t.rank == root:
-        inp = flat(t, input, "input", "scatter")
-        check_same_dtype(t, out, inp, "scatter")
-        check_numel(t, inp, t.size * out.numel(), "input (world size x output numel)", "scatter")
+    out = output
+    inp = input if t.rank == root else None
     _scatter(t, out, inp, root, tag, deadline, segment_bytes)
 
 
@@ -358,10 +341,8 @@ def all_gather_tree(
 
     ``input`` may be ``output``'s own chunk (in place).
     """
-    out = flat(t, output, "output", "all_gather")
-    inp = flat(t, input, "input", "all_gather")
-    check_same_dtype(t, out, inp, "all_gather")
-    check_numel(t, out, t.size * inp.numel(), "output (world size x input numel)", "all_gather")
+    out = output
+    inp = input
     # Non-roots' output is not written until the broadcast, after their input has been sent.
     _gather(t, out if t.rank == 0 else None, inp, 0, tag, deadline, segment_bytes)
     _broadcast(t, out, 0, tag, deadline, segment_bytes)
@@ -382,16 +363,13 @@ def reduce_scatter_tree(
     Binomial reduce to rank 0 (which reduces into a copy, so no ``input`` is modified), then
     binomial scatter.  ``output`` may be ``input``'s own chunk.
     """
-    out = flat(t, output, "output", "reduce_scatter")
-    inp = flat(t, input, "input", "reduce_scatter")
-    check_same_dtype(t, out, inp, "reduce_scatter")
-    check_op(t, op, inp.dtype, "reduce_scatter")
-    check_numel(t, inp, t.size * out.numel(), "input (world size x output numel)", "reduce_scatter")
+    out = output
+    inp = input
     n = t.size
     if n == 1:
         if not same_memory(out, inp):
             out.copy_(inp)
-        finalize_(out, op, n)
+        finalize(out, op, n)
         return
     if out.numel() == 0:
         return

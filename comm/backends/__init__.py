@@ -1,1 +1,26 @@
-"""zerocomm package."""
+"""The backends zerocomm runs on, registered in one table.
+
+Each backend module implements :class:`zerocomm.comm.transport.Backend`; it is imported
+only when asked for, so ``import zerocomm.comm`` needs neither mpi4py nor CUDA.
+``init_process_group``, ``new_group``, the capability matrix and the docs all read
+:data:`BACKENDS`.
+"""
+from __future__ import annotations
+
+import importlib
+
+#: ``{name: (module, class)}``, in the order tables list them.
+BACKENDS = {
+    "gloo": ("gloo", "GlooBackend"),
+    "mpi": ("mpi", "MpiBackend"),
+    "nccl": ("nccl", "NcclBackend"),
+}
+
+
+def backend_class(name: str):
+    """The backend class registered as ``name`` (imported now, without starting MPI or touching CUDA)."""
+    try:
+        module, cls = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; expected one of {tuple(BACKENDS)}") from None
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)

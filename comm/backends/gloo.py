@@ -11,14 +11,13 @@ lacks are composed here and the table says how.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as td
 
-from ...ops.reduce import finalize_
-from ..traffic import bus_factor
-from ..transport import Request, Transport, remaining
+from ..transport import Backend, PeerFailure, Request
 
 _C = torch._C._distributed_c10d
 
@@ -42,33 +41,50 @@ NATIVE_TABLE = {
 }
 
 
-def _seconds(timeout_s: Optional[float]) -> datetime.timedelta:
-    return datetime.timedelta(seconds=timeout_s) if timeout_s is not None else datetime.timedelta(0)
-
-
 class GlooRequest(Request):
-    """A torch gloo ``Work`` with a bounded wait; ``what`` names it in a timeout."""
+    """A torch gloo ``Work`` with a bounded wait; ``what`` names it in errors, ``peer`` is the other side.
 
-    def __init__(self, work, what: str, keep_alive=None):
+    torch raises the same ``RuntimeError`` for a timeout and for a peer that went away, so the
+    two are told apart by the clock, not by the text: a wait that fails once its time is up
+    timed out; one that fails earlier was ended by the transport (a closed connection).
+    """
+
+    __slots__ = ("_work", "_what", "_keep", "_peer")
+
+    def __init__(self, work, what: str, keep_alive=None, peer: Optional[int] = None):
         self._work = work
         self._what = what
         self._keep = keep_alive  # tensors gloo reads or writes until completion
+        self._peer = peer
 
     def test(self) -> bool:
         return self._work.is_completed()
 
     def wait(self, timeout_s: Optional[float] = None) -> None:
-        try:
-            if timeout_s is None:
-                self._work.wait()
-            else:
-                # torch treats a zero timedelta as "no timeout": never pass it.
-                self._work.wait(datetime.timedelta(seconds=max(timeout_s, 1e-3)))
-        except RuntimeError as error:
-            text = str(error)
-            if "imed out" in text or "timeout" in text.lower():
-                raise TimeoutError(f"{self._what} ({text.splitlines()[0]})") from None
-            raise
+        _wait(self._work, self._what, timeout_s, self._peer)
+
+    def source(self) -> int:
+        """The sender's rank (receives from any source)."""
+        return self._work._source_rank()
+
+
+def _wait(work, what: str, timeout_s: Optional[float], peer: Optional[int] = None) -> None:
+    start = time.monotonic()
+    try:
+        if timeout_s is None:
+            work.wait()
+        else:
+            # torch treats a zero timedelta as "no timeout": never pass it.
+            work.wait(datetime.timedelta(seconds=max(timeout_s, 1e-3)))
+    except RuntimeError as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if timeout_s is not None and time.monotonic() - start >= timeout_s:
+            raise TimeoutError(f"{what} ({first_line})") from None
+        raise PeerFailure(f"{what}: {first_line}", peer) from None
+
+
+def _remaining(deadline: Optional[float]) -> Optional[float]:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -78,11 +94,12 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
-class GlooTransport(Transport):
+class GlooBackend(Backend):
     """One gloo communicator; ``pg`` is the ``ProcessGroupGloo`` over its members."""
 
     name = "gloo"
     device_type = "cpu"
+    ANY_SOURCE = True
 
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta):
         self.store = store
@@ -94,25 +111,21 @@ class GlooTransport(Transport):
     # -- point to point ---------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _bytes(tensor)
-        return GlooRequest(self.pg.send([buf], peer, tag), f"send to rank {peer} (tag {tag})", buf)
+        return GlooRequest(self.pg.send([buf], peer, tag), f"send to rank {peer} (tag {tag})", buf, peer)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _bytes(tensor)
-        return GlooRequest(self.pg.recv([buf], peer, tag), f"recv from rank {peer} (tag {tag})", buf)
+        return GlooRequest(self.pg.recv([buf], peer, tag), f"recv from rank {peer} (tag {tag})", buf, peer)
 
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
-        """Receive from whichever rank sends with ``tag``; the request's ``source()`` says who."""
         buf = _bytes(tensor)
-        work = self.pg.recv_anysource([buf], tag)
-        request = GlooRequest(work, f"recv from any rank (tag {tag})", buf)
-        request.source = work._source_rank
-        return request
+        return GlooRequest(self.pg.recv_anysource([buf], tag), f"recv from any rank (tag {tag})", buf)
 
-    def split(self, ranks: Sequence[int], key: str) -> Optional["GlooTransport"]:
+    def split(self, ranks: Sequence[int], key: str) -> Optional["GlooBackend"]:
         if self.rank not in ranks:
             return None
         store = td.PrefixStore(f"zerocomm/{key}/", self.store)
-        return GlooTransport(store, list(ranks).index(self.rank), len(ranks), self.timeout)
+        return GlooBackend(store, list(ranks).index(self.rank), len(ranks), self.timeout)
 
     def close(self) -> None:
         self.pg = None
@@ -126,76 +139,73 @@ class GlooTransport(Transport):
     def native_table(cls) -> dict:
         return dict(NATIVE_TABLE)
 
-    @staticmethod
-    def native_bus_factor(collective: str, n: int) -> float:
-        """Bytes per byte of S that gloo's own collective moves per rank (for ``count_bytes``)."""
-        if collective == "reduce_scatter":  # torch's gloo runs a full all_reduce (NATIVE_TABLE)
-            return bus_factor("all_reduce", n)
-        return bus_factor(collective, n)
+    @classmethod
+    def native_traffic_as(cls, collective: str) -> str:
+        return "all_reduce" if collective == "reduce_scatter" else collective  # see NATIVE_TABLE
 
-    # -- native collectives: same arguments as the algorithms, blocking ---------------
-    def _finish(self, work, what: str, deadline: Optional[float]) -> None:
-        GlooRequest(work, f"gloo {what}").wait(remaining(deadline))
+    # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
+    def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
+        if tensor.numel():
+            opts = _C.AllreduceOptions()
+            opts.reduceOp = _TORCH_OPS["sum" if op == "avg" else op]
+            _wait(self.pg.allreduce([tensor], opts), "gloo allreduce", _remaining(deadline))
+            if op == "avg":
+                tensor.div_(self.size)
 
-    def native_all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel() == 0:
-            return
-        opts = _C.AllreduceOptions()
-        opts.reduceOp = _TORCH_OPS["sum" if op == "avg" else op]
-        self._finish(self.pg.allreduce([tensor], opts), "allreduce", deadline)
-        finalize_(tensor, op, self.size)
+    def broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
+        if tensor.numel():
+            opts = _C.BroadcastOptions()
+            opts.rootRank, opts.rootTensor = root, 0
+            _wait(self.pg.broadcast([tensor], opts), "gloo broadcast", _remaining(deadline))
 
-    def native_broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel() == 0:
-            return
-        opts = _C.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = root, 0
-        self._finish(self.pg.broadcast([tensor], opts), "broadcast", deadline)
-
-    def native_reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> None:
+    def reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> None:
         if tensor.numel() == 0:
             return
         opts = _C.ReduceOptions()
         opts.rootRank, opts.reduceOp = root, _TORCH_OPS["sum" if op == "avg" else op]
         work_tensor = tensor if self.rank == root else tensor.clone()
-        self._finish(self.pg.reduce([work_tensor], opts), "reduce", deadline)
-        if self.rank == root:
-            finalize_(tensor, op, self.size)
+        _wait(self.pg.reduce([work_tensor], opts), "gloo reduce", _remaining(deadline))
+        if self.rank == root and op == "avg":
+            tensor.div_(self.size)
 
-    def native_all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
-        if input.numel() == 0:
-            return
-        self._finish(self.pg._allgather_base(output, input), "allgather", deadline)
+    def all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
+        if input.numel():
+            _wait(self.pg._allgather_base(output, input), "gloo allgather", _remaining(deadline))
 
-    def native_gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
+    def gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
         if input.numel() == 0:
             return
         opts = _C.GatherOptions()
         opts.rootRank = root
         outputs: List[List[torch.Tensor]] = [list(output.chunk(self.size))] if self.rank == root else []
-        self._finish(self.pg.gather(outputs, [input], opts), "gather", deadline)
+        _wait(self.pg.gather(outputs, [input], opts), "gloo gather", _remaining(deadline))
 
-    def native_scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
+    def scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
         if output.numel() == 0:
             return
         opts = _C.ScatterOptions()
         opts.rootRank = root
         inputs = [list(input.chunk(self.size))] if self.rank == root else []
-        self._finish(self.pg.scatter([output], inputs, opts), "scatter", deadline)
+        _wait(self.pg.scatter([output], inputs, opts), "gloo scatter", _remaining(deadline))
 
-    def native_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
+    def reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
         if output.numel() == 0:
             return
         opts = _C.ReduceScatterOptions()
         opts.reduceOp = _TORCH_OPS["sum" if op == "avg" else op]
-        self._finish(self.pg._reduce_scatter_base(output, input, opts), "reduce_scatter", deadline)
-        finalize_(output, op, self.size)
+        _wait(self.pg._reduce_scatter_base(output, input, opts), "gloo reduce_scatter", _remaining(deadline))
+        if op == "avg":
+            output.div_(self.size)
 
-    def native_all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
+    def all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
         if input.numel() == 0 and output.numel() == 0 and not any(out_counts) and not any(in_counts):
             return
-        self._finish(self.pg.alltoall_base(output, input, list(out_counts), list(in_counts), _C.AllToAllOptions()),
-                     "alltoall", deadline)
+        _wait(self.pg.alltoall_base(output, input, list(out_counts), list(in_counts), _C.AllToAllOptions()),
+              "gloo alltoall", _remaining(deadline))
 
-    def native_barrier(self, *, tag, deadline, segment_bytes) -> None:
-        self._finish(self.pg.barrier(_C.BarrierOptions()), "barrier", deadline)
+    def barrier(self, *, tag, deadline, segment_bytes) -> None:
+        _wait(self.pg.barrier(_C.BarrierOptions()), "gloo barrier", _remaining(deadline))
+
+    NATIVE = {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce, "all_gather": all_gather,
+              "gather": gather, "scatter": scatter, "reduce_scatter": reduce_scatter, "all_to_all": all_to_all,
+              "barrier": barrier}

@@ -1,20 +1,25 @@
 """The MPI backend: CPU tensors over mpi4py (torch's wheels have no MPI).
 
-Buffers are zero-copy: a tensor's memory is handed to MPI as a numpy view.  MPI
+Buffers are zero-copy: MPI gets the address range of a tensor's memory.  MPI
 has no bfloat16, so bfloat16 reductions use an MPI user-defined operator whose
 body is zerocomm's own reduction kernel; float16 uses MPICH's ``MPIX_C_FLOAT16``
 where the library has it, else the same user-defined operator.
 
-[Note: no spinning]  MPICH's blocking calls busy-poll; with more ranks than cores
-a spinning rank steals the core the rank it waits for needs (100–4000× tail
-slowdowns).  So every operation here is nonblocking, and a wait polls
-``MPI_Test`` with ``sched_yield`` in between for ``_YIELD_PHASE_S`` (a rank that
-shares its core hands it over at each poll), then sleeps with a backoff capped at
-``_MAX_SLEEP_S``.  The yield phase matters for MPI's own collectives: they advance
-only inside ``MPI_Test``, round by round, so a rank asleep between rounds stalls
-the others (measured at 4 ranks on 2 cores, 16-float all_reduce: 150 µs of
-yielding gave 1.8 ms per call, 2 ms gave 0.09 ms).  The same loop gives every
-wait a deadline, which MPI itself does not have.
+[Note: waiting]  MPICH's blocking calls busy-poll; with more ranks than cores a
+spinning rank steals the core the rank it waits for needs (100–4000× tail
+slowdowns), and MPI waits have no deadline.  So every operation here is
+nonblocking and waited by :func:`_wait`: it polls ``MPI_Test`` for
+``_SPIN_S`` (a small message is usually done by then), then polls with
+``sched_yield`` in between until ``_YIELD_PHASE_S`` (a rank that shares its core
+hands it over at each poll; MPI's own collectives advance only inside
+``MPI_Test``, so ranks must keep polling while a collective's rounds go by), then
+sleeps between polls for 1/20 of the time waited so far, between
+``_FIRST_SLEEP_S`` and ``_MAX_SLEEP_S``: a long wait costs a few wake-ups a
+second instead of a core, and finishes at most ~5 % late.
+
+[Note: threads]  The executor thread and the caller's thread may both call MPI, so
+zerocomm needs ``MPI_THREAD_MULTIPLE``; ``init_process_group("mpi")`` asks for it
+and refuses a library that provides less.
 """
 from __future__ import annotations
 
@@ -22,16 +27,16 @@ import os
 import time
 from typing import Dict, Optional, Sequence
 
-import numpy as np
 import torch
 
-from ...ops.reduce import finalize_, reduce_
-from ..transport import Request, Transport, remaining
+from ...ops.reduce import reduce_
+from ..transport import Backend, PeerFailure, Request
 
-#: Poll with sched_yield for this long, then sleep (see the note above).
+#: The phases of a wait (see the note above).
+_SPIN_S = 20e-6
 _YIELD_PHASE_S = 2e-3
-_FIRST_SLEEP_S = 20e-6
-_MAX_SLEEP_S = 100e-6
+_FIRST_SLEEP_S = 50e-6
+_MAX_SLEEP_S = 10e-3
 
 NATIVE_TABLE = {
     "broadcast": "native (MPI_Ibcast)",
@@ -61,44 +66,70 @@ def mpi_available() -> Optional[str]:
     return None
 
 
-class MpiRequest(Request):
-    """An MPI request waited on without spinning (see the module note)."""
+def _wait(request, what: str, deadline: Optional[float], status=None) -> None:
+    """Wait for an MPI request until done or ``deadline`` (``time.monotonic()`` seconds); see the note."""
+    try:
+        if request.Test(status):
+            return
+        start = time.monotonic()
+        now = start
+        while now - start < _SPIN_S:
+            if request.Test(status):
+                return
+            now = time.monotonic()
+        while True:
+            if deadline is not None and now > deadline:
+                raise TimeoutError(what)
+            waited = now - start
+            if waited < _YIELD_PHASE_S:
+                os.sched_yield()  # hands the core to any runnable rank; returns at once on an idle core
+            else:
+                time.sleep(min(max(waited / 20, _FIRST_SLEEP_S), _MAX_SLEEP_S))
+            if request.Test(status):
+                return
+            now = time.monotonic()
+    except _mpi().Exception as error:
+        raise PeerFailure(f"{what}: {error.Get_error_string()}") from None
 
-    def __init__(self, request, what: str, keep_alive=None, on_done=None, status=None):
+
+class MpiRequest(Request):
+    """A posted MPI send or receive, waited on without spinning (see the module note)."""
+
+    def __init__(self, request, what: str, keep_alive=None, status=None, peer: Optional[int] = None):
         self._request = request
         self._status = status
         self._what = what
-        self._keep = keep_alive
-        self._on_done = on_done
+        self._keep = keep_alive  # the buffers MPI reads or writes until completion
+        self._peer = peer
         self._done = False
 
     def test(self) -> bool:
-        if not self._done and (self._request.Test() if self._status is None else self._request.Test(self._status)):
-            self._done = True
-            if self._on_done is not None:
-                self._on_done()
+        if not self._done:
+            self._done = self._request.Test(self._status)
         return self._done
 
     def wait(self, timeout_s: Optional[float] = None) -> None:
-        start = time.monotonic()
-        deadline = None if timeout_s is None else start + timeout_s
-        sleep = _FIRST_SLEEP_S
-        while not self.test():
-            now = time.monotonic()
-            if deadline is not None and now > deadline:
-                raise TimeoutError(self._what)
-            if now - start < _YIELD_PHASE_S:
-                os.sched_yield()  # hands the core to any runnable rank; returns at once on an idle core
-            else:
-                time.sleep(sleep)
-                sleep = min(sleep * 2, _MAX_SLEEP_S)
+        if self._done:
+            return
+        try:
+            _wait(self._request, self._what, None if timeout_s is None else time.monotonic() + timeout_s,
+                  self._status)
+        except PeerFailure as failure:
+            failure.peer = self._peer
+            raise
+        self._done = True
+
+    def source(self) -> int:
+        """The sender's rank (receives from any source)."""
+        return self._status.Get_source()
 
 
-class MpiTransport(Transport):
+class MpiBackend(Backend):
     """One MPI communicator pair: ``comm`` for collectives, ``p2p`` (a duplicate) for tagged messages."""
 
     name = "mpi"
     device_type = "cpu"
+    ANY_SOURCE = True
 
     def __init__(self, comm):
         MPI = _mpi()
@@ -110,32 +141,48 @@ class MpiTransport(Transport):
         self._user_ops: Dict[str, object] = {}
         self._types = {
             torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE, torch.int8: MPI.INT8_T,
-            torch.int32: MPI.INT32_T, torch.int64: MPI.INT64_T, torch.uint8: MPI.UINT8_T,
-            torch.bool: MPI.C_BOOL,
+            torch.int16: MPI.INT16_T, torch.int32: MPI.INT32_T, torch.int64: MPI.INT64_T,
+            torch.uint8: MPI.UINT8_T, torch.bool: MPI.C_BOOL,
         }
         if getattr(MPI, "FLOAT16_T", MPI.DATATYPE_NULL) != MPI.DATATYPE_NULL:
             self._types[torch.float16] = MPI.FLOAT16_T
         self._ops = {"sum": MPI.SUM, "avg": MPI.SUM, "product": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
                      "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
         self._bool_ops = {"min": MPI.LAND, "max": MPI.LOR, "band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR}
+        self._fromaddress = MPI.buffer.fromaddress
 
     @classmethod
-    def world(cls) -> "MpiTransport":
+    def world(cls) -> "MpiBackend":
+        """The communicator of every process of the MPI job (initializes MPI if needed)."""
         MPI = _mpi()
         if not MPI.Is_initialized():
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        provided = MPI.Query_thread()
+        if provided < MPI.THREAD_MULTIPLE:
+            from ..errors import UnsupportedError
+            names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+                     MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
+            raise UnsupportedError(
+                f"init_process_group: backend 'mpi' needs MPI_THREAD_MULTIPLE (zerocomm's executor thread and the "
+                f"caller's thread both call MPI), but MPI was initialized with {names.get(provided, provided)}; "
+                "let zerocomm initialize MPI, or set mpi4py.rc.thread_level = 'multiple' before importing MPI")
         return cls(MPI.COMM_WORLD.Dup())
 
     # -- buffers ----------------------------------------------------------------------
-    def _buffer(self, tensor: torch.Tensor):
-        """``[numpy view, count, MPI datatype]`` of a contiguous CPU tensor, without copying."""
-        flat = tensor.reshape(-1)
+    def _buffer(self, tensor: torch.Tensor, count: Optional[int] = None) -> list:
+        """``[memory, count, MPI datatype]`` over a contiguous CPU tensor's bytes, without copying.
+
+        The memory object only describes the address range (``MPI.buffer.fromaddress``): it
+        neither copies nor marks the storage unresizable, as ``Tensor.numpy()`` would (ZeRO
+        stage 3 frees parameters with ``untyped_storage().resize_(0)``).  Callers keep the
+        tensor alive until MPI is done with it.
+        """
+        numel = tensor.numel()
+        memory = self._fromaddress(tensor.data_ptr(), numel * tensor.element_size())
         mpi_type = self._types.get(tensor.dtype)
         if mpi_type is None:  # bfloat16 (and float16 without MPIX_C_FLOAT16): 2-byte words
-            return [_numpy_view(flat.view(torch.int16)), flat.numel(), self.MPI.INT16_T]
-        if tensor.dtype == torch.bool:
-            return [_numpy_view(flat.view(torch.uint8)), flat.numel(), mpi_type]
-        return [_numpy_view(flat), flat.numel(), mpi_type]
+            mpi_type = self.MPI.INT16_T
+        return [memory, numel if count is None else count, mpi_type]
 
     def _op(self, op: str, dtype: torch.dtype):
         if dtype not in self._types:
@@ -158,32 +205,29 @@ class MpiTransport(Transport):
         return self._user_ops[key]
 
     # -- point to point ---------------------------------------------------------------
+    def _bytes(self, tensor: torch.Tensor) -> list:
+        return [self._fromaddress(tensor.data_ptr(), tensor.numel() * tensor.element_size()), self.MPI.BYTE]
+
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
-        buf = _byte_array(tensor)
-        return MpiRequest(self.p2p.Isend([buf, self.MPI.BYTE], dest=peer, tag=tag),
-                          f"send to rank {peer} (tag {tag})", (tensor, buf))
+        return MpiRequest(self.p2p.Isend(self._bytes(tensor), dest=peer, tag=tag),
+                          f"send to rank {peer} (tag {tag})", tensor, peer=peer)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
-        buf = _byte_array(tensor)
-        return MpiRequest(self.p2p.Irecv([buf, self.MPI.BYTE], source=peer, tag=tag),
-                          f"recv from rank {peer} (tag {tag})", (tensor, buf))
+        return MpiRequest(self.p2p.Irecv(self._bytes(tensor), source=peer, tag=tag),
+                          f"recv from rank {peer} (tag {tag})", tensor, peer=peer)
 
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
-        """Receive from whichever rank sends with ``tag``; the request's ``source()`` says who."""
-        buf = _byte_array(tensor)
         status = self.MPI.Status()
-        request = MpiRequest(self.p2p.Irecv([buf, self.MPI.BYTE], source=self.MPI.ANY_SOURCE, tag=tag),
-                             f"recv from any rank (tag {tag})", (tensor, buf), status=status)
-        request.source = status.Get_source
-        return request
+        return MpiRequest(self.p2p.Irecv(self._bytes(tensor), source=self.MPI.ANY_SOURCE, tag=tag),
+                          f"recv from any rank (tag {tag})", tensor, status=status)
 
-    def split(self, ranks: Sequence[int], key: str) -> Optional["MpiTransport"]:
+    def split(self, ranks: Sequence[int], key: str) -> Optional["MpiBackend"]:
         group = self.comm.Get_group().Incl(list(ranks))
         comm = self.comm.Create_group(group)
         group.Free()
         if comm == self.MPI.COMM_NULL:
             return None
-        return MpiTransport(comm)
+        return MpiBackend(comm)
 
     def close(self) -> None:
         for comm in (self.p2p, self.comm):
@@ -207,25 +251,20 @@ class MpiTransport(Transport):
     def native_table(cls) -> dict:
         return dict(NATIVE_TABLE)
 
-    # -- native collectives: same arguments as the algorithms, blocking ---------------
-    def _finish(self, request, what: str, deadline: Optional[float], keep=None) -> None:
-        MpiRequest(request, f"MPI {what}", keep).wait(remaining(deadline))
+    # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
+    def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
+        if tensor.numel():
+            buf = self._buffer(tensor)
+            _wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self._op(op, tensor.dtype)), "MPI Iallreduce",
+                  deadline)
+            if op == "avg":
+                tensor.div_(self.size)
 
-    def native_all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel() == 0:
-            return
-        buf = self._buffer(tensor)
-        self._finish(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self._op(op, tensor.dtype)), "Iallreduce",
-                     deadline, buf)
-        finalize_(tensor, op, self.size)
+    def broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
+        if tensor.numel():
+            _wait(self.comm.Ibcast(self._buffer(tensor), root=root), "MPI Ibcast", deadline)
 
-    def native_broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel() == 0:
-            return
-        buf = self._buffer(tensor)
-        self._finish(self.comm.Ibcast(buf, root=root), "Ibcast", deadline, buf)
-
-    def native_reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> None:
+    def reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> None:
         if tensor.numel() == 0:
             return
         buf = self._buffer(tensor)
@@ -234,92 +273,58 @@ class MpiTransport(Transport):
             request = self.comm.Ireduce(self.MPI.IN_PLACE, buf, op=mpi_op, root=root)
         else:
             request = self.comm.Ireduce(buf, None, op=mpi_op, root=root)
-        self._finish(request, "Ireduce", deadline, buf)
-        if self.rank == root:
-            finalize_(tensor, op, self.size)
+        _wait(request, "MPI Ireduce", deadline)
+        if self.rank == root and op == "avg":
+            tensor.div_(self.size)
 
-    def native_all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
-        if input.numel() == 0:
+    def all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
+        m = input.numel()
+        if m == 0:
             return
-        out = self._buffer(output)
-        out[1] = input.numel()  # count per rank
-        own = output.reshape(-1)[self.rank * input.numel():(self.rank + 1) * input.numel()]
+        out = self._buffer(output, count=m)  # count per rank
+        own = output[self.rank * m:(self.rank + 1) * m]
         send = self.MPI.IN_PLACE if own.data_ptr() == input.data_ptr() else self._buffer(input)
-        self._finish(self.comm.Iallgather(send, out), "Iallgather", deadline, (out, send))
+        _wait(self.comm.Iallgather(send, out), "MPI Iallgather", deadline)
 
-    def native_gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
-        if input.numel() == 0:
+    def gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
+        m = input.numel()
+        if m == 0:
             return
-        send = self._buffer(input)
-        recv = None
-        if self.rank == root:
-            recv = self._buffer(output)
-            recv[1] = input.numel()
-        self._finish(self.comm.Igather(send, recv, root=root), "Igather", deadline, (send, recv))
+        recv = self._buffer(output, count=m) if self.rank == root else None
+        _wait(self.comm.Igather(self._buffer(input), recv, root=root), "MPI Igather", deadline)
 
-    def native_scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
-        if output.numel() == 0:
+    def scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
+        m = output.numel()
+        if m == 0:
             return
-        recv = self._buffer(output)
-        send = None
-        if self.rank == root:
-            send = self._buffer(input)
-            send[1] = output.numel()
-        self._finish(self.comm.Iscatter(send, recv, root=root), "Iscatter", deadline, (send, recv))
+        send = self._buffer(input, count=m) if self.rank == root else None
+        _wait(self.comm.Iscatter(send, self._buffer(output), root=root), "MPI Iscatter", deadline)
 
-    def native_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
-        if output.numel() == 0:
+    def reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
+        m = output.numel()
+        if m == 0:
             return
         if _overlaps(output, input):
             input = input.clone()
-        send, recv = self._buffer(input), self._buffer(output)
-        send[1] = output.numel()
-        self._finish(self.comm.Ireduce_scatter_block(send, recv, op=self._op(op, output.dtype)),
-                     "Ireduce_scatter_block", deadline, (send, recv))
-        finalize_(output, op, self.size)
+        _wait(self.comm.Ireduce_scatter_block(self._buffer(input, count=m), self._buffer(output),
+                                              op=self._op(op, output.dtype)), "MPI Ireduce_scatter_block", deadline)
+        if op == "avg":
+            output.div_(self.size)
 
-    def native_all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
+    def all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
         if _overlaps(output, input):
             input = input.clone()
         send, recv = self._buffer(input), self._buffer(output)
         send_spec = [send[0], (list(in_counts), _displacements(in_counts)), send[2]]
         recv_spec = [recv[0], (list(out_counts), _displacements(out_counts)), recv[2]]
-        self._finish(self.comm.Ialltoallv(send_spec, recv_spec), "Ialltoallv", deadline, (send, recv))
+        _wait(self.comm.Ialltoallv(send_spec, recv_spec), "MPI Ialltoallv", deadline)
 
-    def native_barrier(self, *, tag, deadline, segment_bytes) -> None:
-        self._finish(self.comm.Ibarrier(), "Ibarrier", deadline)
+    def barrier(self, *, tag, deadline, segment_bytes) -> None:
+        _wait(self.comm.Ibarrier(), "MPI Ibarrier", deadline)
 
-
-def _byte_array(tensor: torch.Tensor):
-    """The tensor's bytes as a numpy uint8 view (an empty tensor, whatever its strides, as an empty array)."""
-    if tensor.numel() == 0:
-        return np.empty(0, dtype=np.uint8)
-    return _numpy_view(tensor.reshape(-1).view(torch.uint8))
-
-
-class _Memory:
-    """Describes a tensor's memory to numpy through ``__array_interface__``."""
-
-    __slots__ = ("__array_interface__",)
-
-
-_NUMPY_TYPES = {torch.float32: "<f4", torch.float64: "<f8", torch.float16: "<f2", torch.int8: "|i1",
-                torch.int16: "<i2", torch.int32: "<i4", torch.int64: "<i8", torch.uint8: "|u1"}
-
-
-def _numpy_view(flat: torch.Tensor) -> np.ndarray:
-    """A numpy array over a contiguous 1-D CPU tensor's memory, without ``Tensor.numpy()``.
-
-    ``Tensor.numpy()`` marks the storage unresizable for good, which would stop ZeRO stage 3 from
-    freeing parameters (``untyped_storage().resize_(0)``) after MPI touched them.  The array holds
-    no reference to the tensor: callers keep the tensor alive until MPI is done with it.
-    """
-    if flat.numel() == 0:
-        return np.empty(0, dtype=_NUMPY_TYPES[flat.dtype])
-    memory = _Memory()
-    memory.__array_interface__ = {"shape": (flat.numel(),), "typestr": _NUMPY_TYPES[flat.dtype],
-                                  "data": (flat.data_ptr(), False), "version": 3}
-    return np.asarray(memory)
+    NATIVE = {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce, "all_gather": all_gather,
+              "gather": gather, "scatter": scatter, "reduce_scatter": reduce_scatter, "all_to_all": all_to_all,
+              "barrier": barrier}
 
 
 def _displacements(counts) -> list:

@@ -1,6 +1,6 @@
 """The NCCL backend: CUDA tensors over torch's ``ProcessGroupNCCL``.
 
-Nothing here touches CUDA or NCCL at import time; ``NcclTransport.create`` does,
+Nothing here touches CUDA or NCCL at import time; ``NcclBackend.create`` does,
 when ``init_process_group("nccl")`` runs.  One device per rank, from ``LOCAL_RANK``
 (else the global rank modulo the device count).
 
@@ -24,8 +24,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as td
 
-from ...ops.reduce import finalize_
-from ..transport import Request, Transport
+from ..transport import Backend, Request
 
 NATIVE_TABLE = {
     "broadcast": "native",
@@ -66,7 +65,7 @@ class NcclRequest(Request):
         self._work.wait()
 
 
-class NcclTransport(Transport):
+class NcclBackend(Backend):
     name = "nccl"
     device_type = "cuda"
 
@@ -80,7 +79,7 @@ class NcclTransport(Transport):
                      "min": td.ReduceOp.MIN, "max": td.ReduceOp.MAX}
 
     @classmethod
-    def create(cls, init_method, timeout, world_size, rank, store) -> "NcclTransport":
+    def create(cls, init_method, timeout, world_size, rank, store) -> "NcclBackend":
         reason = nccl_available()
         if reason is not None:
             from ..errors import UnsupportedError
@@ -107,10 +106,10 @@ class NcclTransport(Transport):
     def user_irecv(self, tensor, peer, tag) -> Request:
         return NcclRequest(self.p2p_pg.recv([tensor], peer, 0), f"recv from rank {peer}", tensor)
 
-    def split(self, ranks: Sequence[int], key: str) -> Optional["NcclTransport"]:
+    def split(self, ranks: Sequence[int], key: str) -> Optional["NcclBackend"]:
         if self.rank not in ranks:
             return None
-        return NcclTransport(td.PrefixStore(f"zerocomm/{key}/", self.store), list(ranks).index(self.rank),
+        return NcclBackend(td.PrefixStore(f"zerocomm/{key}/", self.store), list(ranks).index(self.rank),
                              len(ranks), self.timeout, self.device)
 
     def close(self) -> None:
@@ -139,36 +138,36 @@ class NcclTransport(Transport):
     def _movable(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
 
-    def native_all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
+    def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
         if tensor.numel() == 0:
             return
         opts = td.AllreduceOptions()
         opts.reduceOp = self._ops[op]
         self._run(self.pg.allreduce([self._movable(tensor)], opts), "allreduce")
 
-    def native_broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
+    def broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
         if tensor.numel() == 0:
             return
         opts = td.BroadcastOptions()
         opts.rootRank, opts.rootTensor = root, 0
         self._run(self.pg.broadcast([self._movable(tensor)], opts), "broadcast")
 
-    def native_reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> None:
+    def reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> None:
         if tensor.numel() == 0:
             return
         opts = td.ReduceOptions()
         opts.rootRank, opts.reduceOp = root, self._ops["sum" if op == "avg" else op]
         work_tensor = tensor if self.rank == root else tensor.clone()
         self._run(self.pg.reduce([self._movable(work_tensor)], opts), "reduce")
-        if self.rank == root:
-            finalize_(tensor, op, self.size)
+        if self.rank == root and op == "avg":
+            tensor.div_(self.size)
 
-    def native_all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
+    def all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
         if input.numel() == 0:
             return
         self._run(self.pg._allgather_base(self._movable(output), self._movable(input)), "allgather")
 
-    def native_gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
+    def gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
         if input.numel() == 0:
             return
         opts = td.GatherOptions()
@@ -176,7 +175,7 @@ class NcclTransport(Transport):
         outputs = [list(self._movable(output).chunk(self.size))] if self.rank == root else []
         self._run(self.pg.gather(outputs, [self._movable(input)], opts), "gather")
 
-    def native_scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
+    def scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
         if output.numel() == 0:
             return
         opts = td.ScatterOptions()
@@ -184,18 +183,22 @@ class NcclTransport(Transport):
         inputs = [list(self._movable(input).chunk(self.size))] if self.rank == root else []
         self._run(self.pg.scatter([self._movable(output)], inputs, opts), "scatter")
 
-    def native_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
+    def reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
         if output.numel() == 0:
             return
         opts = td.ReduceScatterOptions()
         opts.reduceOp = self._ops[op]
         self._run(self.pg._reduce_scatter_base(self._movable(output), self._movable(input), opts), "reduce_scatter")
 
-    def native_all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
+    def all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
         self._run(self.pg.alltoall_base(self._movable(output), self._movable(input), list(out_counts),
                                         list(in_counts), td.AllToAllOptions()), "alltoall")
 
-    def native_barrier(self, *, tag, deadline, segment_bytes) -> None:
+    def barrier(self, *, tag, deadline, segment_bytes) -> None:
         one = torch.ones(1, device=self.device)
         self._run(self.pg.allreduce([one], td.AllreduceOptions()), "barrier")
         torch.cuda.current_stream(self.device).synchronize()
+
+    NATIVE = {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce, "all_gather": all_gather,
+              "gather": gather, "scatter": scatter, "reduce_scatter": reduce_scatter, "all_to_all": all_to_all,
+              "barrier": barrier}

@@ -54,6 +54,8 @@ def _wrong_calls(n: int, me: int, handle):
          lambda: dist.broadcast(f32.clone(), n + 2)),
         ("reduce dst outside the world", "argument", ["reduce", "dst", str(n + 5)],
          lambda: dist.reduce(f32.clone(), n + 5)),
+        ("all_reduce of a non-contiguous tensor", "argument", ["all_reduce", "contiguous"],
+         lambda: dist.all_reduce(torch.ones(4, 2).t())),
     ]
     if me in members:
         calls.append(("scatter group_src outside the subgroup", "argument", ["scatter", "group_src", str(len(members))],
@@ -69,6 +71,11 @@ def _wrong_calls(n: int, me: int, handle):
     if not STANDIN:
         calls.append(("unknown algorithm", "argument", ["all_reduce", "bogus"],
                       lambda: dist.all_reduce(f32.clone(), algorithm="bogus")))
+        calls.append(("ring all_reduce BAND on float32", "dtype", ["all_reduce", "band", "float32", "ring"],
+                      lambda: dist.all_reduce(f32.clone(), op.BAND, algorithm="ring")))
+        calls.append(("recursive doubling AVG on int32", "dtype", ["all_reduce", "avg", "int32"],
+                      lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op.AVG,
+                                              algorithm="recursive_doubling")))
     return calls
 
 

@@ -299,7 +299,7 @@ def test_worker_error_stays_bounded_over_200_steps():
 
 
 def _simulate_onebit_allreduce(xs, efs):
-    """In-process reference of REFERENCE.md's four steps over len(xs) ranks; returns the padded result."""
+    """In-process reference of the 1-bit scheme's four steps (comm/algorithms/compressed.py) over len(xs) ranks; returns the padded result."""
     n, numel, dtype = len(xs), xs[0].numel(), xs[0].dtype
     padded = onebit_padded_numel(numel, n)
     seg = padded // n

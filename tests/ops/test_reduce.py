@@ -6,7 +6,7 @@ import torch
 from zerocomm.ops import REDUCE_OPS, finalize_, op_admits, reduce_
 
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+INTS = (torch.int8, torch.int32, torch.int64, torch.uint8)
 DTYPES = FLOATS + INTS + (torch.bool,)
 # Written out again here, independently of ops/reduce.py.
 ADMITTED = {

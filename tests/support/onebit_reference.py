@@ -1,9 +1,9 @@
-"""A single-process numpy model of the 1-bit compressed all_reduce (REFERENCE.md, 4 steps).
+"""A single-process numpy model of the 1-bit compressed all_reduce (the published scheme's 4 steps).
 
 It holds every rank's error-feedback state and says what every rank should end up with, so a
 test compares each rank's result *and* its ``ErrorFeedback`` tensors after several calls.
 Nothing here calls zerocomm: the padding rule, the scale and the sign convention are written out
-again from REFERENCE.md on purpose.
+again from the published description (Tang et al. 2021) on purpose.
 
 Conventions it pins down (the ones a second implementation could get wrong):
 

@@ -1,0 +1,224 @@
+"""Per-call overhead: what zerocomm adds to a small blocking collective, side by side with its peers.
+
+    python -m zerocomm.benchmarks.overhead            # MPI and gloo, 2 ranks, 8 B float32 all_reduce
+    python -m zerocomm.benchmarks.overhead --iters 20000 --json out.json
+
+Two worlds of 2 ranks run one after the other; within each, every variant runs in the same
+processes, interleaved round by round (A B C A B C ...), so a load change on the machine touches
+all of them alike:
+
+* MPI (``mpiexec -n 2``): raw mpi4py ``Allreduce`` on the tensor's own memory, then zerocomm's
+  ``all_reduce`` on the same tensor with ``algorithm=`` native, recursive_doubling, tree, ring.
+* gloo (2 forked processes): torch.distributed's own gloo ``all_reduce``, then zerocomm's
+  with the same algorithms.
+
+Each call is timed on its own (OSU style: per-call latency, the median over calls and ranks'
+worst); ratios are to the peer (raw MPI, torch gloo) and to zerocomm native.  The second table
+is the ring's memory: the peak extra resident memory of one 64 MiB float32 all_reduce at 2 ranks
+(``VmHWM`` reset through ``/proc/self/clear_refs``), against the segment size, with the backend's
+native all_reduce beside it.  Results are timings, not assertions: compare them within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ALGORITHMS = ("native", "recursive_doubling", "tree", "ring")
+RSS_BYTES = 64 << 20
+
+
+def _peak_extra_rss(run) -> float:
+    """MiB by which the resident set's peak exceeds the current resident set while ``run()`` runs."""
+    def field(name: str) -> int:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith(name):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no {name} in /proc/self/status")
+
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")  # resets VmHWM to the current VmRSS
+    before = field("VmRSS:")
+    run()
+    return (field("VmHWM:") - before) / 2**20
+
+
+def _rounds(variants: dict, iters: int, barrier) -> dict:
+    """Per-call seconds of each variant, interleaved in rounds of 100 calls."""
+    times = {name: [] for name in variants}
+    for name, call in variants.items():  # warm-up: first calls set up buffers, caches, connections
+        for _ in range(50):
+            call()
+    done = 0
+    while done < iters:
+        for name, call in variants.items():
+            barrier()
+            bucket = times[name]
+            for _ in range(100):
+                start = time.perf_counter()
+                call()
+                bucket.append(time.perf_counter() - start)
+        done += 100
+    return times
+
+
+def _summary(times: dict) -> dict:
+    return {name: statistics.median(values) * 1e6 for name, values in times.items()}
+
+
+def mpi_worker(iters: int) -> dict:
+    import torch
+    from mpi4py import MPI
+
+    import zerocomm.comm as dist
+    dist.init_process_group("mpi")
+    comm = MPI.COMM_WORLD.Dup()
+    tensor = torch.ones(2)
+    raw = tensor.numpy()
+    variants = {"raw mpi4py Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, raw, op=MPI.SUM)}
+    for algorithm in ALGORITHMS:
+        variants[f"zerocomm {algorithm}"] = (lambda a=algorithm: dist.all_reduce(tensor, algorithm=a))
+    result = _summary(_rounds(variants, iters, comm.Barrier))
+    dist.configure(segment_bytes=4 << 20)
+    big = torch.ones(RSS_BYTES // 4)
+    rss = {algorithm: _peak_extra_rss(lambda a=algorithm: dist.all_reduce(big, algorithm=a))
+           for algorithm in ("native", "ring", "ring")}  # ring twice: the second run is the steady state
+    both = comm.gather([result, rss], root=0)
+    dist.destroy_process_group()
+    return _worst(both) if comm.Get_rank() == 0 else None
+
+
+def _worst(per_rank: list) -> list:
+    """Each figure's worst (largest) value over the ranks' ``[latency, rss]`` pairs."""
+    return [{key: max(rank[part][key] for rank in per_rank) for key in per_rank[0][part]} for part in range(2)]
+
+
+def gloo_worker(rank: int, iters: int, folder: str, out) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as td
+
+    import zerocomm.comm as dist
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=120)
+    td.init_process_group("gloo", init_method=f"file://{folder}/torch", rank=rank, world_size=2, timeout=timeout)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/zerocomm", rank=rank, world_size=2,
+                            timeout=timeout)
+    tensor = torch.ones(2)
+    variants = {"torch.distributed gloo": lambda: td.all_reduce(tensor)}
+    for algorithm in ALGORITHMS:
+        variants[f"zerocomm {algorithm}"] = (lambda a=algorithm: dist.all_reduce(tensor, algorithm=a))
+    result = _summary(_rounds(variants, iters, td.barrier))
+    big = torch.ones(RSS_BYTES // 4)
+    rss = {algorithm: _peak_extra_rss(lambda a=algorithm: dist.all_reduce(big, algorithm=a))
+           for algorithm in ("native", "ring", "ring")}
+    both = [None, None]
+    td.all_gather_object(both, [result, rss])
+    dist.destroy_process_group()
+    td.destroy_process_group()
+    if rank == 0:
+        out.write(json.dumps(_worst(both)))
+
+
+def _run_mpi(iters: int) -> list:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "mpi.json")
+        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        subprocess.run([mpiexec if os.path.exists(mpiexec) else "mpiexec", "-n", "2", sys.executable, "-m",
+                        "zerocomm.benchmarks.overhead", "--worker", "mpi", "--iters", str(iters), "--out", path],
+                       check=True, timeout=600)
+        with open(path) as handle:
+            return json.load(handle)
+
+
+def _run_gloo(iters: int) -> list:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "gloo.json")
+        children = []
+        for rank in range(2):
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    with open(path if rank == 0 else os.devnull, "w") as out:
+                        gloo_worker(rank, iters, folder, out)
+                except BaseException:  # the parent reports the failed rank
+                    import traceback
+                    traceback.print_exc()
+                    code = 1
+                os._exit(code)
+            children.append(pid)
+        for pid in children:
+            _, status = os.waitpid(pid, 0)
+            if status != 0:
+                raise RuntimeError(f"gloo rank (pid {pid}) failed with status {status}")
+        with open(path) as handle:
+            return json.load(handle)
+
+
+def _tables(results: dict) -> str:
+    from tabulate import tabulate
+    lines = []
+    for backend, peer in (("mpi", "raw mpi4py Allreduce"), ("gloo", "torch.distributed gloo")):
+        latency, _ = results[backend]
+        native = latency["zerocomm native"]
+        rows = [[name, f"{us:.1f}", f"{us / latency[peer]:.2f}", f"{us / native:.2f}"] for name, us in latency.items()]
+        lines.append(f"{backend}, 2 ranks, 8 B float32 all_reduce, blocking (median per-call µs, worst rank)")
+        lines.append(tabulate(rows, headers=["variant", "µs", f"× {peer}", "× zerocomm native"]))
+        lines.append("")
+    rows = []
+    for backend in ("mpi", "gloo"):
+        rss = results[backend][1]
+        rows.append([backend, f"{rss['native']:.1f}", f"{rss['ring']:.1f}", "8.0"])
+    lines.append("peak extra RSS of one 64 MiB float32 all_reduce, 2 ranks (MiB, worst rank; segments of 4 MiB)")
+    lines.append(tabulate(rows, headers=["backend", "native", "ring", "2 segments"]))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zerocomm.benchmarks.overhead", description=__doc__.split("\n")[0])
+    parser.add_argument("--iters", type=int, default=5000, help="timed calls per variant (default: 5000)")
+    parser.add_argument("--backends", default="mpi,gloo", help="comma-separated: mpi, gloo (default: both)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--worker", choices=("mpi",), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.iters < 100:
+        parser.error(f"--iters must be at least 100, got {args.iters}")
+    if args.worker == "mpi":
+        result = mpi_worker(args.iters)
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            with open(args.out, "w") as handle:
+                json.dump(result, handle)
+        return 0
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in ("mpi", "gloo")]
+    if unknown:
+        parser.error(f"--backends: unknown {unknown}; choose from mpi, gloo")
+    results = {}
+    if "mpi" in backends:
+        results["mpi"] = _run_mpi(args.iters)
+    if "gloo" in backends:
+        results["gloo"] = _run_gloo(args.iters)
+    load = os.getloadavg()
+    if set(results) == {"mpi", "gloo"}:
+        print(_tables(results))
+    else:
+        print(json.dumps(results, indent=1))
+    print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"results": results, "loadavg": load}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

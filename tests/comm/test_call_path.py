@@ -1,0 +1,64 @@
+"""The call path stays short: the zerocomm files one blocking collective enters, counted by tracing it.
+
+A reader follows ``zerocomm.comm.all_reduce`` to the bytes moving through these files and no
+others: a native call through the public function (api), the checks (validate), the group that
+orders and runs it (group) and the backend; a ring call adds the ring.  Each rank traces one
+steady-state call (after a warm-up that fills the selection cache) with ``sys.setprofile`` and
+lists the files of every Python function it entered.
+"""
+import os
+import sys
+
+import pytest
+import torch
+
+from support.worlds import worlds
+
+import zerocomm
+import zerocomm.comm as dist
+
+PACKAGE = os.path.dirname(os.path.abspath(zerocomm.__file__))
+MAX_FILES = {"native": 4, "ring": 5}
+
+
+def files_entered(algorithm: str, numel: int):
+    """Relative paths of the zerocomm files one blocking all_reduce with ``algorithm`` enters."""
+    tensor = torch.ones(numel)
+    for _ in range(3):
+        dist.all_reduce(tensor, algorithm=algorithm)
+    seen = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.endswith(".py"):  # not "<string>" (generated code)
+            path = os.path.abspath(frame.f_code.co_filename)
+            if path.startswith(PACKAGE + os.sep):
+                seen.add(os.path.relpath(path, PACKAGE))
+
+    sys.setprofile(profile)
+    try:
+        dist.all_reduce(tensor, algorithm=algorithm)
+    finally:
+        sys.setprofile(None)
+    return sorted(seen)
+
+
+def call_paths():
+    # 8 B, and 4 MiB in 64 KiB segments: the ring's multi-segment path too.
+    dist.configure(segment_bytes=64 << 10)
+    try:
+        return {(algorithm, numel): files_entered(algorithm, numel) for algorithm in MAX_FILES
+                for numel in (2, 1 << 20)}
+    finally:
+        dist.configure(segment_bytes=4 << 20)
+
+
+@pytest.mark.parametrize("world", worlds(("gloo", "mpi"), (2,)), indirect=True)
+def test_one_blocking_call_enters_few_files(world):
+    for rank, paths in enumerate(world.run(call_paths)):
+        for (algorithm, numel), files in paths.items():
+            where = (rank, algorithm, numel, files)
+            assert {"comm/api.py", "comm/validate.py", "comm/group.py"} <= set(files), where
+            assert any(f.startswith("comm/backends/") for f in files), where
+            assert len(files) <= MAX_FILES[algorithm], where
+            if algorithm == "ring":
+                assert "comm/algorithms/ring.py" in files, where
