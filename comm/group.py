@@ -59,9 +59,13 @@ class Group:
         self.device_type = communicator.device_type
         self.on_cpu = self.device_type == "cpu"
         self.timeout = timeout
+        self._timeout_s = timeout.total_seconds()
         self.backend = backend
         self.name = name
         self.my_global_rank = self.ranks[rank]
+        #: (collective, dtype, op, requested algorithm) -> (algorithm, function), for cells whose choice does
+        #: not depend on the size (see ``validate.choose_algorithm``).
+        self.choices: Dict[tuple, tuple] = {}
         self._seq = 0
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the queue or the pending count changed
@@ -116,9 +120,8 @@ class Group:
                 self.execute(call, tag, observers)
             finally:
                 self._run_lock.release()
-                with self._lock:
+                with self._lock:  # nobody waits on this change: the queue's waiters watch its length
                     self._pending -= 1
-                    self._changed.notify_all()
             return None
         work = Work(f"{call.collective} on {self.describe()}", future, call.outputs)
         if call.async_op:
@@ -130,7 +133,7 @@ class Group:
         """Queue ``call`` (the lock is held); wait while the queue is full, within the call's deadline."""
         limit = WORLD.config.max_queued
         if len(self._queue) >= limit and not on_worker:  # the worker itself must never wait on its own queue
-            seconds = self.timeout.total_seconds() if call.timeout is None else call.timeout
+            seconds = self._timeout_s if call.timeout is None else call.timeout
             if not self._changed.wait_for(lambda: len(self._queue) < limit or self._closed, seconds):
                 raise CommTimeoutError(
                     f"rank {self.my_global_rank}: {call.collective} on {self.describe()}: {limit} calls were still "
@@ -146,7 +149,7 @@ class Group:
 
     def execute(self, call, tag: int, observers: tuple = ()) -> None:
         """Run one checked call now: its waits end by its deadline; failures become typed errors."""
-        seconds = self.timeout.total_seconds() if call.timeout is None else call.timeout
+        seconds = self._timeout_s if call.timeout is None else call.timeout
         deadline = time.monotonic() + seconds
         config = WORLD.config
         try:
@@ -159,6 +162,9 @@ class Group:
             elif _profiler_enabled():
                 with torch.profiler.record_function(f"zerocomm::{call.collective}:{call.algorithm}"):
                     self._call(call, tag, deadline, config.segment_bytes)
+            elif call.options is None:  # the common case, without a further Python call
+                call.function(self.communicator, *call.args, tag=tag, deadline=deadline,
+                              segment_bytes=config.segment_bytes)
             else:
                 self._call(call, tag, deadline, config.segment_bytes)
         except TimeoutError as error:
@@ -169,8 +175,9 @@ class Group:
             raise PeerError(
                 f"rank {self.my_global_rank}: {call.collective} on {self.describe()} failed: "
                 f"{self.peer_name(failure.peer)} failed or went away ({self._in_rank_space(failure)})") from None
-        for source, destination in call.copy_out:
-            destination.copy_(source.view(destination.shape))
+        if call.copy_out:
+            for source, destination in call.copy_out:
+                destination.copy_(source.view(destination.shape))
 
     def _call(self, call, tag: int, deadline: float, segment_bytes: int, communicator=None) -> None:
         if call.options is None:
@@ -203,7 +210,6 @@ class Group:
                     future.set_result(None)
             with self._lock:
                 self._pending -= 1
-                self._changed.notify_all()
             # Drop this task's references now: waiting for the next task would keep its buffers alive.
             del call, future
 

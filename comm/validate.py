@@ -23,7 +23,7 @@ from . import select
 from .algorithms import ALGORITHM_CHOICES, ALGORITHM_NAMES, ALGORITHMS, COLLECTIVES
 from .errors import CollectiveMismatchError, InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
-from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, op_name
+from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
 
 _DTYPES = frozenset(SUPPORTED_DTYPES)
 _OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -143,8 +143,13 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dim() == 1 else tensor.view(-1)
 
 
+_SUM = ReduceOp.SUM
+
+
 def _op(op, dtype: torch.dtype, collective: str, group: Group) -> str:
     """The op's lower-case name; whether ``dtype`` admits it is part of the cell ``choose_algorithm`` checks."""
+    if op is _SUM:  # the default, by identity: hashing a ReduceOp costs more than the rest of this function
+        return "sum"
     name = OP_NAMES.get(op)
     return name if name is not None else op_name(op, collective=collective, rank=group.my_global_rank)
 
@@ -155,6 +160,10 @@ def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Opti
     "auto".  ``nbytes`` must be the same on every rank (ranks that chose differently would deadlock);
     ``None`` when it cannot be (uneven all_to_all): the table's unbounded row decides."""
     choice = WORLD.config.algorithm if requested is None else requested
+    key = (collective, dtype, op, choice)
+    fixed = group.choices.get(key)
+    if fixed is not None and not _selection_logged():
+        return fixed
     if choice not in ALGORITHM_CHOICES:
         raise InvalidArgumentError(f"rank {group.my_global_rank}: {what}: algorithm must be one of "
                                    f"{ALGORITHM_CHOICES}, got {choice!r}")
@@ -168,13 +177,19 @@ def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Opti
         for max_bytes, algorithm in rule.rows:
             if size <= max_bytes:
                 break
-    if select.log.isEnabledFor(10):
+    if _selection_logged():
         select.log.debug("%s: %s B %s on %s group of %d -> %s (%s)", collective, nbytes, dtype, group.backend,
                          group.size(), algorithm, "explicit" if requested is not None else
                          "auto table" if choice == "auto" else "default")
-    if algorithm == "native":
-        return algorithm, group.backend_type.NATIVE[collective]
-    return algorithm, ALGORITHMS[(collective, algorithm)]
+    chosen = (algorithm, group.backend_type.NATIVE[collective] if algorithm == "native"
+              else ALGORITHMS[(collective, algorithm)])
+    if rule.rows is None:  # the same for every size: remembered by the group (a size-steered "auto" is not)
+        group.choices[key] = chosen
+    return chosen
+
+
+def _selection_logged() -> bool:
+    return select.log.isEnabledFor(10)
 
 
 def _timeout(timeout) -> Optional[float]:

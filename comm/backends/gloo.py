@@ -68,7 +68,8 @@ class GlooRequest(Request):
         return self._work._source_rank()
 
 
-def _wait(work, what: str, timeout_s: Optional[float], peer: Optional[int] = None) -> None:
+def _wait(work, what, timeout_s: Optional[float], peer: Optional[int] = None) -> None:
+    """Wait for a gloo ``Work``; ``what`` is a string or a ``(format, *args)`` tuple formatted only on failure."""
     start = time.monotonic()
     try:
         if timeout_s is None:
@@ -78,6 +79,7 @@ def _wait(work, what: str, timeout_s: Optional[float], peer: Optional[int] = Non
             work.wait(datetime.timedelta(seconds=max(timeout_s, 1e-3)))
     except RuntimeError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        what = what if isinstance(what, str) else what[0].format(*what[1:])
         if timeout_s is not None and time.monotonic() - start >= timeout_s:
             raise TimeoutError(f"{what} ({first_line})") from None
         raise PeerFailure(f"{what}: {first_line}", peer) from None
@@ -111,11 +113,11 @@ class GlooBackend(Backend):
     # -- point to point ---------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _bytes(tensor)
-        return GlooRequest(self.pg.send([buf], peer, tag), f"send to rank {peer} (tag {tag})", buf, peer)
+        return GlooRequest(self.pg.send([buf], peer, tag), ("send to rank {} (tag {})", peer, tag), buf, peer)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _bytes(tensor)
-        return GlooRequest(self.pg.recv([buf], peer, tag), f"recv from rank {peer} (tag {tag})", buf, peer)
+        return GlooRequest(self.pg.recv([buf], peer, tag), ("recv from rank {} (tag {})", peer, tag), buf, peer)
 
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
         buf = _bytes(tensor)

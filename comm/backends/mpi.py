@@ -66,8 +66,11 @@ def mpi_available() -> Optional[str]:
     return None
 
 
-def _wait(request, what: str, deadline: Optional[float], status=None) -> None:
-    """Wait for an MPI request until done or ``deadline`` (``time.monotonic()`` seconds); see the note."""
+def _wait(request, what, deadline: Optional[float], status=None) -> None:
+    """Wait for an MPI request until done or ``deadline`` (``time.monotonic()`` seconds); see the note.
+
+    ``what`` names the request in errors: a string, or a ``(format, *args)`` tuple formatted only then
+    (a send's description would cost more to build than a small send)."""
     try:
         if request.Test(status):
             return
@@ -79,7 +82,7 @@ def _wait(request, what: str, deadline: Optional[float], status=None) -> None:
             now = time.monotonic()
         while True:
             if deadline is not None and now > deadline:
-                raise TimeoutError(what)
+                raise TimeoutError(_describe(what))
             waited = now - start
             if waited < _YIELD_PHASE_S:
                 os.sched_yield()  # hands the core to any runnable rank; returns at once on an idle core
@@ -89,13 +92,19 @@ def _wait(request, what: str, deadline: Optional[float], status=None) -> None:
                 return
             now = time.monotonic()
     except _mpi().Exception as error:
-        raise PeerFailure(f"{what}: {error.Get_error_string()}") from None
+        raise PeerFailure(f"{_describe(what)}: {error.Get_error_string()}") from None
+
+
+def _describe(what) -> str:
+    return what if isinstance(what, str) else what[0].format(*what[1:])
 
 
 class MpiRequest(Request):
     """A posted MPI send or receive, waited on without spinning (see the module note)."""
 
-    def __init__(self, request, what: str, keep_alive=None, status=None, peer: Optional[int] = None):
+    __slots__ = ("_request", "_status", "_what", "_keep", "_peer", "_done")
+
+    def __init__(self, request, what, keep_alive=None, status=None, peer: Optional[int] = None):
         self._request = request
         self._status = status
         self._what = what
@@ -210,11 +219,11 @@ class MpiBackend(Backend):
 
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         return MpiRequest(self.p2p.Isend(self._bytes(tensor), dest=peer, tag=tag),
-                          f"send to rank {peer} (tag {tag})", tensor, peer=peer)
+                          ("send to rank {} (tag {})", peer, tag), tensor, peer=peer)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         return MpiRequest(self.p2p.Irecv(self._bytes(tensor), source=peer, tag=tag),
-                          f"recv from rank {peer} (tag {tag})", tensor, peer=peer)
+                          ("recv from rank {} (tag {})", peer, tag), tensor, peer=peer)
 
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
         status = self.MPI.Status()
