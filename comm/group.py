@@ -123,7 +123,7 @@ class Group:
                 with self._lock:  # nobody waits on this change: the queue's waiters watch its length
                     self._pending -= 1
             return None
-        work = Work(f"{call.collective} on {self.describe()}", future, call.outputs)
+        work = Work(f"{call.collective} on {self.describe()}", future, call.outputs, self)
         if call.async_op:
             return work
         work.wait()
@@ -198,20 +198,41 @@ class Group:
                 self._changed.wait_for(lambda: self._queue or self._closed)
                 if not self._queue:
                     return
-                call, tag, future, observers = self._queue.popleft()
+                item = self._queue.popleft()
                 self._changed.notify_all()
-            if future.set_running_or_notify_cancel():
-                try:
-                    with self._run_lock:
-                        self.execute(call, tag, observers)
-                except BaseException as error:  # the caller sees it through Work.wait
-                    future.set_exception(error)
-                else:
-                    future.set_result(None)
+            self._run_queued(*item)
+            del item  # drop this task's buffers now, not when the next task arrives
+
+    def _run_queued(self, call, tag: int, future: Future, observers: tuple) -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                with self._run_lock:
+                    self.execute(call, tag, observers)
+            except BaseException as error:  # the caller sees it through Work.wait
+                future.set_exception(error)
+            else:
+                future.set_result(None)  # runs the Work's callbacks, on this thread
+        with self._lock:
+            self._pending -= 1
+
+    def on_executor(self) -> bool:
+        """True on this group's executor thread (inside a ``Work``'s future callback)."""
+        return self._worker is not None and threading.current_thread() is self._worker
+
+    def run_until(self, future: Future) -> None:
+        """Run queued calls on this thread, in order, until ``future`` is done.
+
+        For ``Work.wait`` called inside a future callback, on the executor thread: the awaited call
+        is queued behind the one whose callback is running, so waiting for the executor there would
+        wait for itself.  Running the queue here keeps the order and ends.
+        """
+        while not future.done():
             with self._lock:
-                self._pending -= 1
-            # Drop this task's references now: waiting for the next task would keep its buffers alive.
-            del call, future
+                if not self._queue:
+                    return
+                item = self._queue.popleft()
+                self._changed.notify_all()
+            self._run_queued(*item)
 
     def close(self) -> None:
         """Cancel what is still queued, give a running call a bounded grace, release the communicator.

@@ -43,7 +43,7 @@ class _RequestWork(Work):
         self._group = g
         self._source = source
         self._lock = threading.Lock()
-        super().__init__(description, concurrent.futures.Future(), outputs)
+        super().__init__(description, concurrent.futures.Future(), outputs, g)
 
     def wait(self, timeout=None) -> bool:
         seconds = timeout_seconds(timeout)

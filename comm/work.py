@@ -33,17 +33,22 @@ class Work:
         description: what runs, for error messages ("all_reduce on group [0, 1, 2]").
         future: completes with ``None`` when the operation is done, or with its error.
         outputs: the tensors the operation writes; ``result()`` and ``get_future()`` return them.
+        group: the ``Group`` whose executor runs it (``wait`` inside a future callback runs the queue itself).
     """
 
-    def __init__(self, description: str, future: concurrent.futures.Future, outputs: Optional[List[torch.Tensor]] = None):
+    def __init__(self, description: str, future: concurrent.futures.Future, outputs: Optional[List[torch.Tensor]] = None,
+                 group=None):
         self._description = description
         self._future = future
+        self._group = group  # the Group whose executor runs it, if any
         self._outputs = list(outputs or [])
         self._torch_future: Optional[torch.futures.Future] = None
 
     def wait(self, timeout=None) -> bool:
         """Block until done; raise the operation's error, or ``CommTimeoutError`` after ``timeout``."""
         seconds = timeout_seconds(timeout)
+        if self._group is not None and not self._future.done() and self._group.on_executor():
+            self._group.run_until(self._future)  # inside a future callback: see Group.run_until
         try:
             self._future.result(timeout=seconds)
         except concurrent.futures.TimeoutError:

@@ -11,6 +11,7 @@ lacks are composed here and the table says how.
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from typing import List, Optional, Sequence
 
@@ -20,6 +21,9 @@ import torch.distributed as td
 from ..transport import Backend, PeerFailure, Request
 
 _C = torch._C._distributed_c10d
+
+#: A failure this close to the wait's end is its timeout (gloo's clock and ours differ by rounding).
+_CLOCK_SLACK_S = 5e-3
 
 _TORCH_OPS = {
     "sum": td.ReduceOp.SUM, "product": td.ReduceOp.PRODUCT, "min": td.ReduceOp.MIN,
@@ -75,12 +79,13 @@ def _wait(work, what, timeout_s: Optional[float], peer: Optional[int] = None) ->
         if timeout_s is None:
             work.wait()
         else:
-            # torch treats a zero timedelta as "no timeout": never pass it.
-            work.wait(datetime.timedelta(seconds=max(timeout_s, 1e-3)))
+            # gloo counts whole milliseconds: round up, so its timeout never comes before ours.  torch treats
+            # a zero timedelta as "no timeout": never pass it.
+            work.wait(datetime.timedelta(milliseconds=max(math.ceil(timeout_s * 1000), 1)))
     except RuntimeError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         what = what if isinstance(what, str) else what[0].format(*what[1:])
-        if timeout_s is not None and time.monotonic() - start >= timeout_s:
+        if timeout_s is not None and time.monotonic() - start + _CLOCK_SLACK_S >= timeout_s:
             raise TimeoutError(f"{what} ({first_line})") from None
         raise PeerFailure(f"{what}: {first_line}", peer) from None
 
@@ -200,8 +205,8 @@ class GlooBackend(Backend):
             output.div_(self.size)
 
     def all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
-        if input.numel() == 0 and output.numel() == 0 and not any(out_counts) and not any(in_counts):
-            return
+        # No early return for a rank that sends and receives nothing: gloo's alltoall is a collective of
+        # every rank, and the others would wait for this one until their deadline.
         _wait(self.pg.alltoall_base(output, input, list(out_counts), list(in_counts), _C.AllToAllOptions()),
               "gloo alltoall", _remaining(deadline))
 

@@ -1,0 +1,84 @@
+"""Calls that used to hang end, and failures name who failed.
+
+* ``Work.wait()`` inside a ``get_future()`` callback, on a call queued behind the one whose callback
+  runs: the callback runs on the group's executor, so waiting there for the executor would wait
+  for itself.  It completes, in order.
+* an all_to_all where one rank sends and receives nothing: that rank still takes part.
+* a rank that never joins: the others' wait ends at the group's timeout with ``CommTimeoutError``
+  naming the op, the group and the awaited peer by global rank (group rank in brackets).
+"""
+import datetime
+
+import pytest
+import torch
+
+from support.worlds import worlds
+
+import zerocomm.comm as dist
+
+
+def wait_inside_callback():
+    n = dist.get_world_size()
+    first = torch.ones(4)
+    second = torch.full((4,), 2.0)
+    seen = []
+    work1 = dist.all_reduce(first, async_op=True)
+    work2 = dist.all_reduce(second, async_op=True)
+
+    def callback(fut):
+        work2.wait()  # queued behind work1, whose callback this is
+        seen.append(second.tolist())
+        return fut.value()
+
+    chained = work1.get_future().then(callback)
+    chained.wait()
+    work2.wait()
+    return first.tolist(), seen, n
+
+
+@pytest.mark.parametrize("world", worlds(("gloo", "mpi"), (2, 3)), indirect=True)
+def test_wait_inside_a_future_callback_completes(world):
+    for first, seen, n in world.run(wait_inside_callback, timeout=60):
+        assert first == [float(n)] * 4
+        assert seen == [[2.0 * n] * 4]
+
+
+def lopsided_all_to_all():
+    rank, n = dist.get_rank(), dist.get_world_size()
+    # Rank 0 sends one row to every other rank and receives nothing; the others send nothing back.
+    if rank == 0:
+        inp, out = torch.arange(float(n - 1)), torch.empty(0)
+        in_splits, out_splits = [0] + [1] * (n - 1), [0] * n
+    else:
+        inp, out = torch.empty(0), torch.empty(1)
+        in_splits, out_splits = [0] * n, [1] + [0] * (n - 1)
+    results = []
+    for algorithm in ("native", "ring"):
+        out.zero_()
+        dist.all_to_all_single(out, inp, out_splits, in_splits, algorithm=algorithm)
+        results.append(out.tolist())
+    return results
+
+
+@pytest.mark.parametrize("world", worlds(("gloo", "mpi"), (2, 3)), indirect=True)
+def test_all_to_all_with_a_rank_that_sends_and_receives_nothing(world):
+    for rank, results in enumerate(world.run(lopsided_all_to_all, timeout=60)):
+        for got in results:
+            assert got == ([] if rank == 0 else [float(rank - 1)])
+
+
+def never_joined():
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))
+    if dist.get_rank() != 0:
+        return None
+    try:
+        dist.all_reduce(torch.ones(8), group=group, algorithm="ring")
+    except dist.CommTimeoutError as error:
+        return str(error)
+    return "no timeout"
+
+
+@pytest.mark.parametrize("world", worlds(("gloo",), (2,)), indirect=True)
+def test_timeout_names_the_peer_by_global_rank(world):
+    message = world.run(never_joined, timeout=60)[0]
+    assert "timed out after 1000 ms" in message and "rank 1 [group rank 1]" in message, message
