@@ -74,6 +74,8 @@ class Group:
         self._queue: collections.deque = collections.deque()
         self._worker: Optional[threading.Thread] = None
         self._closed = False
+        #: The first timeout or peer failure: the group is unusable after it (see ``run``).
+        self.failure: Optional[CommError] = None
 
     # -- identity -------------------------------------------------------------------
     def size(self) -> int:
@@ -103,6 +105,13 @@ class Group:
         with self._lock:
             if self._closed:
                 raise CommError(f"rank {self.my_global_rank}: {call.collective}: {self.describe()} was destroyed")
+            if self.failure is not None:
+                # Peers are out of step after a failure (messages of the failed call may still arrive): a later
+                # call would match the wrong messages.  It fails at once, naming the first failure.
+                raise type(self.failure)(
+                    f"rank {self.my_global_rank}: {call.collective}: {self.describe()} is unusable after an earlier "
+                    f"failure; destroy it and create it again (destroy_process_group, then init_process_group or "
+                    f"new_group). The first failure: {self.failure}")
             self._seq += 1
             tag = USER_TAG_LIMIT + self._seq % _TAG_SPAN
             # A blocking call made on the executor thread itself (from a Work's future callback) must run
@@ -168,16 +177,22 @@ class Group:
             else:
                 self._call(call, tag, deadline, config.segment_bytes)
         except TimeoutError as error:
-            raise CommTimeoutError(
+            raise self._failed(CommTimeoutError(
                 f"rank {self.my_global_rank}: {call.collective} on {self.describe()} timed out after "
-                f"{seconds * 1000:.0f} ms waiting for {self._in_rank_space(error)}") from None
+                f"{seconds * 1000:.0f} ms waiting for {self._in_rank_space(error)}")) from None
         except PeerFailure as failure:
-            raise PeerError(
+            raise self._failed(PeerError(
                 f"rank {self.my_global_rank}: {call.collective} on {self.describe()} failed: "
-                f"{self.peer_name(failure.peer)} failed or went away ({self._in_rank_space(failure)})") from None
+                f"{self.peer_name(failure.peer)} failed or went away ({self._in_rank_space(failure)})")) from None
         if call.copy_out:
             for source, destination in call.copy_out:
                 destination.copy_(source.view(destination.shape))
+
+    def _failed(self, error: CommError) -> CommError:
+        with self._lock:
+            if self.failure is None:
+                self.failure = error
+        return error
 
     def _call(self, call, tag: int, deadline: float, segment_bytes: int, communicator=None) -> None:
         if call.options is None:
