@@ -213,8 +213,11 @@ def configure(**fields) -> CommConfig:
 
     The configuration belongs to the initialized world: ``init_process_group`` reads it from the
     ``ZEROCOMM_*`` variables, this changes it, ``destroy_process_group`` drops it.  Called before
-    init it raises ``NotInitializedError`` rather than being silently lost.
+    init it raises ``NotInitializedError`` rather than being silently lost; ``configure()`` without arguments
+    only reads (before init: the defaults the ``ZEROCOMM_*`` variables give).
     """
+    if not fields:
+        return WORLD.config  # reading is fine before init: the defaults the environment gives
     WORLD.require("configure")
     unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(CommConfig)})
     if unknown:
