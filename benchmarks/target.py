@@ -68,3 +68,51 @@ def unsupported_errors(dist: ModuleType) -> tuple[type[BaseException], ...]:
     """
     error = getattr(dist, "UnsupportedError", None)
     return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()
+
+
+def known_algorithms(dist: ModuleType) -> tuple[str, ...]:
+    """The ``algorithm=`` values ``dist`` accepts (``--algorithms`` is checked against them before
+    any rank starts): torch has only its own; zerocomm's are its config's list."""
+    if is_standin(dist):
+        return ("native",)
+    from ..comm.config import ALGORITHMS
+
+    return tuple(ALGORITHMS)
+
+
+def check_comm_environment(environ: Optional[Mapping[str, str]] = None) -> None:
+    """Read zerocomm.comm's environment variables as every rank will at init, here in the parent.
+
+    Raises ``ValueError`` quoting every ``ZEROCOMM_*`` variable that is set, with the comm layer's
+    own complaint, so that ``ZEROCOMM_ALGORITHM=foo`` stops the benchmark before any rank starts.
+    """
+    environ = os.environ if environ is None else environ
+    from ..comm.config import CommConfig
+
+    try:
+        CommConfig.from_env(environ)
+    except (ValueError, TypeError) as exc:
+        settings = ", ".join(f"{k}={v!r}" for k, v in sorted(environ.items()) if k.startswith("ZEROCOMM_"))
+        raise ValueError(f"zerocomm.comm rejects its environment ({settings}): {exc}") from None
+
+
+def check_cuda(backend: str, device: str, local_ranks: int) -> None:
+    """Refuse, before any rank starts, a run that needs more CUDA devices than this host shows.
+
+    Counted with ``torch.cuda.device_count()``, which asks NVML and so leaves CUDA uninitialized in
+    this process (ranks are forked from it afterwards).
+    """
+    import torch
+
+    what = "--backend nccl" if backend == "nccl" else "--device cuda"
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        raise ValueError(f"{what} needs CUDA, but this torch build ({torch.__version__}) has none; "
+                         f"use --backend gloo or --backend mpi on CPU")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ValueError(f"{what} needs a CUDA device, but none is visible "
+                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}); "
+                         f"use --backend gloo or --backend mpi on CPU")
+    if backend == "nccl" and count < local_ranks:
+        raise ValueError(f"{what} needs one CUDA device per local rank: {local_ranks} ranks, {count} device(s) "
+                         f"visible; pass --nprocs {count} or fewer")
