@@ -8,6 +8,7 @@ every subcommand takes lists the same way.  Its options and ``--help`` are its o
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Sequence
 
 HELP = "ZeRO stages against torch DDP, ZeroRedundancyOptimizer and FSDP2 (see zero --help)"
@@ -41,6 +42,15 @@ def split_lists(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
+    argv = split_lists(argv)
+    if any(item == "--plot" or item.startswith("--plot=") for item in argv):
+        from .options import UsageError, require
+
+        try:  # zero_bench imports matplotlib only when it draws, after every variant ran
+            require("matplotlib", "--plot", "bench")
+        except UsageError as exc:
+            print(f"zerocomm-bench zero: error: {exc}", file=sys.stderr)
+            return 2
     from . import zero_bench
 
-    return zero_bench.main(split_lists(argv))
+    return zero_bench.main(argv)
