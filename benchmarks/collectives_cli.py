@@ -25,8 +25,8 @@ from .collectives import TORCH_DTYPES, SweepConfig, run_sweep, sweep_plan
 from .options import (BACKENDS, UsageError, choice, list_of, non_negative_int, positive_float, positive_int,
                       require, step_factor)
 from .reference import REDUCE_OPS
-from .target import (STANDIN_ENV, check_comm_environment, check_cuda, comm_module, default_algorithms,
-                     is_standin, known_algorithms, target_name)
+from .target import (STANDIN_ENV, check_algorithms, check_comm_environment, check_cuda, comm_module,
+                     default_algorithms, is_standin, target_name)
 from .units import COLLECTIVES, canonical_collective, parse_size, size_sweep
 
 HELP = "collective microbenchmark with nccl-tests' conventions and flags (the default)"
@@ -168,18 +168,16 @@ def plan(args: argparse.Namespace, backends: Optional[list[str]] = None) -> Plan
         dist = comm_module()
         launched = launch.detect_launcher(os.environ)
         if not is_standin(dist):
-            check_comm_environment()
+            check_comm_environment(dist)
     except (ValueError, RuntimeError) as exc:
         raise UsageError(str(exc)) from None
     backends = tuple(backends or [args.backend])
     world_sizes = tuple(args.nprocs or [DEFAULT_NPROCS])
-    known = known_algorithms(dist)
     algorithms = tuple(args.algorithms) if args.algorithms else default_algorithms(dist)
-    unknown = [a for a in algorithms if a not in known]
-    if unknown:
-        where = " on the torch stand-in" if is_standin(dist) else ""
-        raise UsageError(f"--algorithms: unknown algorithm(s) {', '.join(map(repr, unknown))}{where}; "
-                         f"expected one of {', '.join(known)}")
+    try:
+        check_algorithms(dist, algorithms)
+    except ValueError as exc:
+        raise UsageError(f"--algorithms: {exc}") from None
     if len(set(algorithms)) != len(algorithms):
         raise UsageError(f"--algorithms {','.join(algorithms)} repeats an algorithm")
     device = args.device or ("cuda" if backends == ("nccl",) else "cpu")

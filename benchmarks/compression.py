@@ -244,11 +244,14 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup < 0 or args.iters < 1 or args.threads < 1:
         raise UsageError(f"--warmup ({args.warmup}) must be >= 0, --iters ({args.iters}) and --threads "
                          f"({args.threads}) >= 1")
-    from .target import comm_module, known_algorithms
+    from .target import check_algorithms, comm_module
 
-    known = known_algorithms(comm_module())
-    if any(a not in known for a in _csv(args.algorithms)) or not _csv(args.algorithms):
-        raise UsageError(f"--algorithms {args.algorithms!r}: expected comma-separated names from {', '.join(known)}")
+    try:
+        if not _csv(args.algorithms):
+            raise ValueError("expected comma-separated algorithms, e.g. native,ring")
+        check_algorithms(comm_module(), _csv(args.algorithms))
+    except ValueError as exc:
+        raise UsageError(f"--algorithms {args.algorithms!r}: {exc}") from None
     for backend in backends:
         if backend == "nccl":
             try:

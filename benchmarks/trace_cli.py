@@ -25,14 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..comm.profiler import merge_chrome_traces
+    from ..comm import Profiler
 
     prefix = args.sources[0] if len(args.sources) == 1 else None
     out = args.out or (f"{prefix}.trace.json" if prefix is not None else None)
     if out is None:
         raise UsageError("-o/--out is required when merging several files")
     try:
-        merged = merge_chrome_traces(prefix if prefix is not None else args.sources, out)
+        merged = Profiler.merge_chrome_traces(prefix if prefix is not None else args.sources, out)
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"cannot merge {' '.join(args.sources)}: {exc}") from None
     ranks = merged["otherData"]["ranks"]

@@ -116,6 +116,11 @@ class Profiler:
         with open(path, "w") as handle:
             json.dump(self.to_json(), handle, indent=1)
 
+    @staticmethod
+    def merge_chrome_traces(sources, out: Optional[str] = None) -> dict:
+        """:func:`merge_chrome_traces`, reachable from the public ``zerocomm.comm.Profiler``."""
+        return merge_chrome_traces(sources, out)
+
     def unix_us(self, perf_s: float) -> float:
         """A ``time.perf_counter()`` time of this process as microseconds since the Unix epoch."""
         return (perf_s + self._unix_offset_s) * 1e6

@@ -22,6 +22,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("comm", "zero", "ops", "benchmarks")
+#: Modules that only an extra installs (mpi, cuda, zero, bench, docs, test): hidden in the venv.
+EXTRAS_ONLY = {"mpi4py", "cupy", "safetensors", "pytest_benchmark", "matplotlib", "pdoc", "pytest", "hypothesis"}
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +73,16 @@ def installed(wheel, tmp_path_factory) -> pathlib.Path:
     # venv's own (a plain path line: .pth files there, such as an editable zerocomm's, are not run).
     ours = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
     pathlib.Path(purelib, "zz_borrowed_dependencies.pth").write_text("\n".join(dict.fromkeys(ours)) + "\n")
+    # What only the extras install stays invisible, as on a base install.
+    pathlib.Path(purelib, "zz_no_extras.py").write_text(
+        "import importlib.abc, sys\n"
+        f"EXTRAS_ONLY = {sorted(EXTRAS_ONLY)!r}\n"
+        "class NoExtras(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in EXTRAS_ONLY:\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r} (an extra: not on a base install)', name=name)\n"
+        "sys.meta_path.insert(0, NoExtras())\n")
+    pathlib.Path(purelib, "zz_no_extras.pth").write_text("import zz_no_extras\n")
     return env / "bin"
 
 
@@ -133,3 +145,16 @@ def test_installed_wheel_loads_the_auto_table_and_runs_its_scripts(installed, tm
     consolidate = _run([str(installed / "zerocomm-consolidate"), "--help"], cwd=tmp_path)
     assert consolidate.returncode == 0 and "checkpoint" in consolidate.stdout, consolidate.stderr
     assert "RuntimeWarning" not in consolidate.stderr
+
+
+def test_on_a_base_install_the_cli_names_the_extra_it_lacks(installed, tmp_path):
+    bench = str(installed / "zerocomm-bench")
+    hidden = _run([str(installed / "python"), "-c", "import matplotlib"], cwd=tmp_path)
+    assert "an extra: not on a base install" in hidden.stderr  # the venv really lacks the extras
+    plot = _run([bench, "--nprocs", "2", "--plot", str(tmp_path / "busbw.png")], cwd=tmp_path)
+    assert plot.returncode == 2 and "pip install 'zerocomm[bench]'" in plot.stderr, plot.stderr
+    mpi = _run([bench, "--nprocs", "2", "--backend", "mpi"], cwd=tmp_path)
+    assert mpi.returncode == 2 and "pip install 'zerocomm[mpi]'" in mpi.stderr, mpi.stderr
+    for command in ("compare", "tune", "compression", "trace", "zero"):
+        helped = _run([bench, command, "--help"], cwd=tmp_path)
+        assert helped.returncode == 0 and "usage:" in helped.stdout, (command, helped.stderr)

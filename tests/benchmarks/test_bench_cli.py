@@ -222,3 +222,15 @@ def test_compare_keeps_every_backends_rows(tmp_path):
                for r in rows)
     assert {r["backend"] for r in json.loads(json_path.read_text())["rows"]} == {"gloo", "mpi"}
     assert "# Avg bus bandwidth    : " in stdout and "(mpi, 2 ranks)" in stdout and "(gloo, 2 ranks)" in stdout
+
+
+def test_the_algorithm_check_accepts_exactly_what_comm_accepts():
+    from zerocomm.benchmarks.target import check_algorithms, comm_module
+    from zerocomm.comm.config import ALGORITHMS
+
+    dist = comm_module()
+    if STANDIN:
+        pytest.skip(f"{STANDIN_ENV}=torch: torch accepts only native")
+    check_algorithms(dist, ALGORITHMS)
+    with pytest.raises(ValueError, match="'foo'"):
+        check_algorithms(dist, ["native", "foo"])
