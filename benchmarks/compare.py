@@ -2,10 +2,12 @@
 
 ``zerocomm-bench compare --backends gloo,mpi --nprocs 2,4 --algorithms native,ring,tree`` runs the
 collectives benchmark once per (backend, world size) — each a world of its own, started as
-``zerocomm-bench collectives`` would start it — and prints one long table: every row with its busbw
-over the same backend's native busbw (``vs native``) and over the first backend's native
-(``vs <backend> native``, e.g. zerocomm's ring on MPI against gloo's own all_reduce).
-``zerocomm-bench --compare gloo,mpi ...`` is the same.  ``--plot out.png`` draws busbw against size,
+``zerocomm-bench collectives`` would start it, in a subprocess that writes its rows as JSON — and
+prints one long table: every row with its busbw over the same backend's native busbw (``vs
+native``) and over the first backend's native (``vs <backend> native``, e.g. zerocomm's ring on MPI
+against gloo's own all_reduce), then nccl-tests' closing lines for each world.  ``zerocomm-bench
+--compare gloo,mpi ...`` (or ``--compare=gloo,mpi``) is the same.  ``--json``/``--csv`` keep every
+world's rows, each with its backend and world size; ``--plot out.png`` draws busbw against size,
 one line per backend/algorithm, one panel per (collective, world size).
 """
 from __future__ import annotations
@@ -16,25 +18,84 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from tabulate import tabulate
 
+from . import report
+from .options import BACKENDS, choice, list_of, positive_int
 from .units import format_size
 
+HELP = "several backends and world sizes side by side, with ratios (= collectives --compare)"
 
-def run_one(backend: str, nprocs: int, options: Sequence[str]) -> List[dict]:
-    """Rows of ``zerocomm-bench collectives --backend backend --nprocs nprocs *options``."""
-    with tempfile.TemporaryDirectory() as folder:
+#: CSV columns of a side-by-side run: the collectives' columns and the two ratios.
+CSV_FIELDS = (*report.CSV_FIELDS, "vs_native", "vs_baseline")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .collectives_cli import add_measure_arguments
+
+    parser.add_argument("--backends", dest="compare", default=["gloo", "mpi"],
+                        type=list_of(choice(BACKENDS, "backend"), "backend"), metavar="B[,B...]",
+                        help="backends, the first is the baseline of the ratios (default: gloo,mpi)")
+    parser.add_argument("--nprocs", type=list_of(positive_int, "world size"), default=[2, 4], metavar="N[,N...]",
+                        help="world sizes (default: 2,4)")
+    parser.set_defaults(backend="gloo")
+    add_measure_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .collectives_cli import run as run_collectives
+
+    return run_collectives(args)
+
+
+def run_one(args: argparse.Namespace, checked, backend: str, nprocs: int) -> tuple[int, dict, List[dict]]:
+    """(exit status, metadata, rows) of one world, run as ``zerocomm-bench collectives`` in a subprocess."""
+    from .collectives_cli import child_argv
+
+    with tempfile.TemporaryDirectory(prefix="zerocomm-compare-") as folder:
         path = os.path.join(folder, "rows.json")
-        command = [sys.executable, "-m", "zerocomm.benchmarks", "collectives", "--backend", backend,
-                   "--nprocs", str(nprocs), *options, "--json", path, "--no-progress"]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        argv = child_argv(args, checked.cfg, backend, nprocs, outputs={"json": path}, progress=False)
+        done = subprocess.run([sys.executable, "-m", "zerocomm.benchmarks", *argv], stdout=subprocess.DEVNULL)
+        if not os.path.exists(path):
+            return done.returncode or 1, {}, []
         with open(path) as handle:
-            rows = json.load(handle)["rows"]
-    for row in rows:
-        row["backend"], row["world_size"] = backend, nprocs
-    return rows
+            data = json.load(handle)
+    return done.returncode, data["meta"], data["rows"]
+
+
+def run_worlds(args: argparse.Namespace, checked) -> int:
+    """Every (backend, world size) of ``checked`` (a ``collectives_cli.Plan``), then one report."""
+    rows: List[dict] = []
+    metas: List[dict] = []
+    status = 0
+    for backend in checked.backends:
+        for nprocs in checked.world_sizes:
+            print(f"# running {backend} at {nprocs} ranks", file=sys.stderr, flush=True)
+            code, meta, world_rows = run_one(args, checked, backend, nprocs)
+            if code != 0:
+                print(f"# {backend} at {nprocs} ranks failed (exit status {code})", file=sys.stderr, flush=True)
+                status = max(status, 1)
+            if meta:
+                metas.append(meta)
+                rows.extend(world_rows)
+    baseline = checked.backends[0]
+    with_ratios(rows, baseline)
+    lines = [table(rows, baseline)]
+    for meta in metas:
+        mine = [r for r in rows if (r["backend"], r["world_size"]) == (meta["backend"], meta["world_size"])]
+        lines += report.closing_lines([(r["algorithm"], r["busbw"], r["wrong"]) for r in mine],
+                                      check=checked.cfg.check, label=f"{meta['backend']}, {meta['world_size']} ranks")
+    print("\n".join(lines), flush=True)
+    if args.json:
+        report.write_json_records(args.json, {"baseline": baseline, "worlds": metas}, rows)
+    if args.csv:
+        report.write_csv_records(args.csv, rows, CSV_FIELDS)
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"# plot written to {args.plot}", file=sys.stderr)
+    return status
 
 
 def with_ratios(rows: List[dict], baseline_backend: str) -> List[dict]:
@@ -95,31 +156,3 @@ def plot(rows: List[dict], path: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="zerocomm-bench compare", description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="gloo,mpi", help="comma-separated; the first is the baseline")
-    parser.add_argument("--nprocs", default="2,4", help="comma-separated world sizes")
-    parser.add_argument("--plot", metavar="PNG", help="write busbw-vs-size plots")
-    parser.add_argument("--json", metavar="PATH", help="write every row (with ratios) as JSON")
-    args, options = parser.parse_known_args(argv)
-    backends = [b for b in args.backends.split(",") if b]
-    rows: List[dict] = []
-    for backend in backends:
-        for nprocs in (int(n) for n in args.nprocs.split(",")):
-            print(f"# running {backend} at {nprocs} ranks", file=sys.stderr, flush=True)
-            rows.extend(run_one(backend, nprocs, options))
-    with_ratios(rows, backends[0])
-    print(table(rows, backends[0]))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1)
-    if args.plot:
-        plot(rows, args.plot)
-        print(f"# plot written to {args.plot}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -31,7 +31,9 @@ from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 from . import launch
+from .options import UsageError, require
 from .report import TIMING_CONVENTION
+from .target import check_cuda
 from .units import format_size, size_sweep
 
 DEFAULT_SIZES = "1MiB:64MiB"
@@ -61,10 +63,10 @@ class Row:
     """True when both byte counts were measured message by message, False when estimated (native)."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m zerocomm.benchmarks.compression",
-        description="1-bit compressed (error feedback) vs uncompressed all_reduce: time and bytes sent.")
+HELP = "1-bit compressed vs fp32 all_reduce: time and bytes sent"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default="gloo,mpi", help="comma-separated backends (default: gloo,mpi)")
     parser.add_argument("--nprocs", default="2,4", help="comma-separated world sizes (default: 2,4)")
     parser.add_argument("--sizes", default=None,
@@ -78,7 +80,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: 1)")
     parser.add_argument("--timeout", type=float, default=600.0, help="process group timeout, s (default: 600)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    return parser
 
 
 def _csv(text: str) -> list[str]:
@@ -214,24 +215,55 @@ def _one_world(args: argparse.Namespace, sizes: Sequence[int], backend: str, npr
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m zerocomm.benchmarks.compression`` (what ``zerocomm-bench compression`` runs)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
+    parser = argparse.ArgumentParser(prog="python -m zerocomm.benchmarks.compression",
+                                     description=HELP)
+    add_arguments(parser)
     args = parser.parse_args(argv)
+    args.argv = argv
+    try:
+        return run(args)
+    except UsageError as exc:
+        parser.error(str(exc))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``compression`` subcommand; ``args.argv`` is its command line (relaunched under mpiexec)."""
+    argv = list(args.argv)
     try:
         sizes = size_sweep(args.sizes or (LARGE_SIZES if args.large else DEFAULT_SIZES), args.factor)
         backends, world_sizes = _csv(args.backends), [int(n) for n in _csv(args.nprocs)]
         launched = launch.detect_launcher(os.environ)
     except ValueError as exc:
-        parser.error(str(exc))
+        raise UsageError(str(exc)) from None
     unknown = [b for b in backends if b not in ("gloo", "mpi", "nccl")]
     if unknown or not backends or any(n < 1 for n in world_sizes):
-        parser.error(f"--backends {args.backends!r} must name gloo, mpi or nccl; --nprocs {args.nprocs!r} ints >= 1")
+        raise UsageError(f"--backends {args.backends!r} must name gloo, mpi or nccl; --nprocs {args.nprocs!r} "
+                         f"ints >= 1")
     if args.warmup < 0 or args.iters < 1 or args.threads < 1:
-        parser.error(f"--warmup ({args.warmup}) must be >= 0, --iters ({args.iters}) and --threads ({args.threads}) >= 1")
+        raise UsageError(f"--warmup ({args.warmup}) must be >= 0, --iters ({args.iters}) and --threads "
+                         f"({args.threads}) >= 1")
+    from .target import check_algorithms, comm_module
+
+    try:
+        if not _csv(args.algorithms):
+            raise ValueError("expected comma-separated algorithms, e.g. native,ring")
+        check_algorithms(comm_module(), _csv(args.algorithms))
+    except ValueError as exc:
+        raise UsageError(f"--algorithms {args.algorithms!r}: {exc}") from None
+    for backend in backends:
+        if backend == "nccl":
+            try:
+                check_cuda("nccl", "cuda", max(world_sizes) if launched is None else 1)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        if backend == "mpi":
+            require("mpi4py", "--backends mpi", "mpi")
 
     if launched is not None:  # one world, started by torchrun or mpiexec
         if len(backends) != 1:
-            parser.error(f"under {launched.launcher} pass one backend, got --backends {args.backends!r}")
+            raise UsageError(f"under {launched.launcher} pass one backend, got --backends {args.backends!r}")
         rows = run_world(args, sizes, launch.launched_spec(launched, backends[0]))
         if launched.rank == 0:
             if os.environ.get(ROWS_ENV):

@@ -127,7 +127,7 @@ def _mpi_tcp_rendezvous() -> str:
         from mpi4py import MPI
     except ImportError as exc:
         raise RuntimeError("ranks started by mpiexec with a non-MPI backend need MASTER_ADDR and "
-                           "MASTER_PORT, or mpi4py to agree on them") from exc
+                           "MASTER_PORT, or mpi4py to agree on them: pip install 'zerocomm[mpi]'") from exc
     world = MPI.COMM_WORLD
     hosts = world.allgather(socket.gethostname())
     port = world.bcast(_free_port() if world.Get_rank() == 0 else None, root=0)
@@ -145,7 +145,7 @@ def find_mpiexec() -> str:
         if found:
             return found
     raise FileNotFoundError("mpiexec is neither beside this Python nor on PATH; "
-                            "`pip install mpich` or start the ranks with your own launcher")
+                            "pip install 'zerocomm[mpi]' (MPICH) or start the ranks with your own launcher")
 
 
 def relaunch_under_mpiexec(nprocs: int, argv: list[str], *, module: str = "zerocomm.benchmarks",

@@ -17,10 +17,13 @@ from .units import ROOTED
 
 TIMING_CONVENTION = "nccl-tests: warm-up calls, a barrier, then back-to-back calls timed together and averaged"
 
-#: CSV columns, in order (every field of Row but the per-rank tuple, plus the ratio).
-CSV_FIELDS = ("collective", "algorithm", "size", "count", "time_us", "time_min_us", "time_median_us",
-              "time_max_us", "algbw", "busbw",
-              "busbw_vs_native", "wrong", "note")
+#: Fields of the run's metadata copied into every JSON/CSV row, so rows of several runs
+#: (``--compare``, files concatenated later) still say what produced them.
+ROW_META_FIELDS = ("target", "backend", "world_size", "dtype", "op", "in_place", "device")
+
+#: CSV columns, in order: what ran, then every field of Row but the per-rank tuple, plus the ratio.
+CSV_FIELDS = (*ROW_META_FIELDS, "collective", "algorithm", "size", "count", "time_us", "time_min_us",
+              "time_median_us", "time_max_us", "algbw", "busbw", "busbw_vs_native", "wrong", "note")
 
 
 def native_ratios(rows: Sequence[Row]) -> list[Optional[float]]:
@@ -113,22 +116,46 @@ def format_table(rows: Sequence[Row], *, check: bool, show_ratio: bool) -> str:
 
 
 def summary_lines(rows: Sequence[Row], *, check: bool) -> list[str]:
-    """``#`` lines under the table: the footnotes of unsupported cells, the check's verdict."""
+    """``#`` lines under the table: the footnotes of unsupported cells, then nccl-tests' closing lines
+    (see :func:`closing_lines`)."""
     lines = [f"# [{number}] {note}" for note, number in _footnotes(rows).items()]
+    return lines + closing_lines([(r.algorithm, r.busbw, r.wrong) for r in rows], check=check)
+
+
+def closing_lines(cells: Sequence[tuple[str, Optional[float], Optional[int]]], *, check: bool,
+                  label: str = "") -> list[str]:
+    """nccl-tests' last lines, which scripts grep for, from (algorithm, busbw, wrong) per row.
+
+    ``# Out of bounds values : W OK`` (``FAILED`` when W > 0) counts the wrong elements of every
+    checked row; ``# Avg bus bandwidth    : X`` is the mean busbw (GB/s) over every row that has one,
+    as nccl-tests averages over its sizes; when several algorithms ran, a further line gives the
+    mean of each.  ``label`` (e.g. ``"gloo, 4 ranks"``) is appended after the numbers.
+    """
+    suffix = f" ({label})" if label else ""
     if check:
-        wrong = sum(r.wrong or 0 for r in rows)
-        checked = sum(1 for r in rows if r.wrong is not None)
-        verdict = "OK" if wrong == 0 else "FAILED"
-        lines.append(f"# check: {wrong} wrong element(s) in {checked} checked cell(s): {verdict}")
+        wrong = sum(w or 0 for _, _, w in cells)
+        lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}{suffix}"]
+    else:
+        lines = [f"# Out of bounds values : not checked (-c 0){suffix}"]
+    measured = [(algorithm, busbw) for algorithm, busbw, _ in cells if busbw is not None]
+    average = sum(b for _, b in measured) / len(measured) if measured else 0.0
+    lines.append(f"# Avg bus bandwidth    : {average:.6g}{suffix}")
+    algorithms = list(dict.fromkeys(a for a, _ in measured))
+    if len(algorithms) > 1:
+        means = [f"{a} {sum(b for x, b in measured if x == a) / sum(1 for x, _ in measured if x == a):.6g}"
+                 for a in algorithms]
+        lines.append(f"#   by algorithm (GB/s): {', '.join(means)}")
     return lines
 
 
-def rows_as_dicts(rows: Iterable[Row]) -> list[dict[str, Any]]:
-    """Rows as plain dicts with ``busbw_vs_native`` added (JSON keeps ``rank_times_us``)."""
+def rows_as_dicts(rows: Iterable[Row], meta: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+    """Rows as plain dicts, each led by the ``ROW_META_FIELDS`` of ``meta`` (when given), with
+    ``busbw_vs_native`` added (JSON keeps ``rank_times_us``)."""
     rows = list(rows)
+    lead = {key: meta.get(key) for key in ROW_META_FIELDS} if meta is not None else {}
     out = []
     for row, ratio in zip(rows, native_ratios(rows)):
-        record = asdict(row)
+        record = {**lead, **asdict(row)}
         record["rank_times_us"] = list(row.rank_times_us)
         record["busbw_vs_native"] = ratio
         out.append(record)
@@ -136,16 +163,26 @@ def rows_as_dicts(rows: Iterable[Row]) -> list[dict[str, Any]]:
 
 
 def write_json(path: str, meta: dict[str, Any], rows: Sequence[Row]) -> None:
-    """Write ``{"meta": meta, "rows": [...]}`` to ``path``."""
+    """Write ``{"meta": meta, "rows": [...]}`` to ``path``; every row carries ``ROW_META_FIELDS``."""
+    write_json_records(path, meta, rows_as_dicts(rows, meta))
+
+
+def write_json_records(path: str, meta: dict[str, Any], records: Sequence[dict[str, Any]]) -> None:
+    """Write ``{"meta": meta, "rows": records}`` to ``path``."""
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump({"meta": meta, "rows": rows_as_dicts(rows)}, handle, indent=2)
+        json.dump({"meta": meta, "rows": list(records)}, handle, indent=2)
         handle.write("\n")
 
 
-def write_csv(path: str, rows: Sequence[Row]) -> None:
+def write_csv(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
     """Write one CSV line per row with the columns of ``CSV_FIELDS``."""
+    write_csv_records(path, rows_as_dicts(rows, meta))
+
+
+def write_csv_records(path: str, records: Sequence[dict[str, Any]], fields: Sequence[str] = CSV_FIELDS) -> None:
+    """Write one CSV line per record (dicts such as :func:`rows_as_dicts` makes) with ``fields``."""
     with open(path, "w", encoding="utf-8", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(handle, fieldnames=list(fields), extrasaction="ignore")
         writer.writeheader()
-        for record in rows_as_dicts(rows):
-            writer.writerow({k: ("" if record[k] is None else record[k]) for k in CSV_FIELDS})
+        for record in records:
+            writer.writerow({k: ("" if record.get(k) is None else record[k]) for k in fields})

@@ -8,6 +8,7 @@ out of the stand-in's ``"native"`` calls.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from types import ModuleType
 from typing import Mapping, Optional
@@ -68,3 +69,67 @@ def unsupported_errors(dist: ModuleType) -> tuple[type[BaseException], ...]:
     """
     error = getattr(dist, "UnsupportedError", None)
     return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()
+
+
+def check_algorithms(dist: ModuleType, names) -> None:
+    """Raise ``ValueError`` naming every entry of ``names`` that ``dist`` does not accept as
+    ``algorithm=``; checked in the parent, before any rank starts.
+
+    torch accepts only its own (``"native"``, no keyword).  zerocomm's list is its config's: each
+    name is tried on a copy of the process-wide config (``dist.configure()`` with no fields
+    returns it unchanged), whose validation quotes the accepted values.
+    """
+    if is_standin(dist):
+        bad = [name for name in names if name != "native"]
+        if bad:
+            raise ValueError(f"unknown algorithm(s) {', '.join(map(repr, bad))} on the torch stand-in "
+                             f"({STANDIN_ENV}=torch); expected native")
+        return
+    config = dist.configure()
+    complaints = []
+    for name in names:
+        try:
+            dataclasses.replace(config, algorithm=name)
+        except ValueError as exc:
+            complaints.append((name, str(exc)))
+    if complaints:
+        raise ValueError(f"unknown algorithm(s) {', '.join(repr(name) for name, _ in complaints)}: "
+                         f"{complaints[0][1]}")
+
+
+def check_comm_environment(dist: ModuleType, environ: Optional[Mapping[str, str]] = None) -> None:
+    """Read zerocomm.comm's environment variables as every rank will at init, here in the parent.
+
+    Raises ``ValueError`` quoting every ``ZEROCOMM_*`` variable that is set, with the comm layer's
+    own complaint, so that ``ZEROCOMM_ALGORITHM=foo`` stops the benchmark before any rank starts.
+    The reader is the one ``init_process_group`` uses: ``from_env`` of the config class that the
+    public ``configure()`` returns.
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        type(dist.configure()).from_env(environ)
+    except (ValueError, TypeError) as exc:
+        settings = ", ".join(f"{k}={v!r}" for k, v in sorted(environ.items()) if k.startswith("ZEROCOMM_"))
+        raise ValueError(f"zerocomm.comm rejects its environment ({settings}): {exc}") from None
+
+
+def check_cuda(backend: str, device: str, local_ranks: int) -> None:
+    """Refuse, before any rank starts, a run that needs more CUDA devices than this host shows.
+
+    Counted with ``torch.cuda.device_count()``, which asks NVML and so leaves CUDA uninitialized in
+    this process (ranks are forked from it afterwards).
+    """
+    import torch
+
+    what = "--backend nccl" if backend == "nccl" else "--device cuda"
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        raise ValueError(f"{what} needs CUDA, but this torch build ({torch.__version__}) has none; "
+                         f"use --backend gloo or --backend mpi on CPU")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ValueError(f"{what} needs a CUDA device, but none is visible "
+                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}); "
+                         f"use --backend gloo or --backend mpi on CPU")
+    if backend == "nccl" and count < local_ranks:
+        raise ValueError(f"{what} needs one CUDA device per local rank: {local_ranks} ranks, {count} device(s) "
+                         f"visible; pass --nprocs {count} or fewer")

@@ -8,7 +8,11 @@ winner differs from both (agreeing) neighbours takes theirs: on a shared machine
 differences are noise, and the backend's own path is the safer default.
 Consecutive sizes with the same winner merge into one row.
 
-Output (``comm/auto_table.json`` by default)::
+Output (``auto_table.json`` in the current folder by default, never the installed package: an
+install may be read-only or shared, and a rebuild must not silently change what every user of it
+gets).  Backends this run does not measure are kept from ``--out`` when it exists, else from the
+installed table.  To change what ``algorithm="auto"`` picks, commit the file as
+``comm/auto_table.json`` in a checkout (``--out comm/auto_table.json`` there)::
 
     {"gloo": {"all_reduce": [[max_world_size, max_bytes, "algorithm"], ...], ...}, ...,
      "_measured": {...how and where...}}
@@ -32,7 +36,9 @@ from typing import Dict, List
 MARGIN = 0.9
 ALGORITHMS = ("native", "ring", "tree", "recursive_doubling")
 UNBOUNDED = 1 << 62
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "comm", "auto_table.json")
+DEFAULT_OUT = "auto_table.json"
+#: The table the installed package reads (``select.auto_table``); only ever read here.
+PACKAGE_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "comm", "auto_table.json")
 
 
 def measure(backend: str, nprocs: int, sizes: str, factor: int, iters: int) -> List[dict]:
@@ -93,22 +99,47 @@ def table_rows(per_world: Dict[int, Dict[str, List[tuple]]]) -> Dict[str, List[l
     return table
 
 
+HELP = "measure every algorithm and write the table algorithm='auto' reads"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .options import BACKENDS, choice, list_of, positive_int, step_factor
+
+    parser.add_argument("--backends", type=list_of(choice(BACKENDS, "backend"), "backend"), default=["gloo", "mpi"],
+                        metavar="B[,B...]", help="backends to measure (default: gloo,mpi)")
+    parser.add_argument("--world-sizes", type=list_of(positive_int, "world size"), default=[2, 3, 4],
+                        metavar="N[,N...]", help="world sizes to measure (default: 2,3,4)")
+    parser.add_argument("--sizes", default="8B:16MiB", help="S values, as collectives' --sizes (default: 8B:16MiB)")
+    parser.add_argument("--factor", type=step_factor, default=8, help="step factor of size ranges (default: 8)")
+    parser.add_argument("--iters", type=positive_int, default=10, help="timed calls per cell (default: 10)")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help=f"where to write the table (default: {DEFAULT_OUT} in the current folder)")
+
+
 def main(argv=None) -> int:
+    """``python -m zerocomm.benchmarks.tune`` (what ``zerocomm-bench tune`` runs)."""
     parser = argparse.ArgumentParser(prog="zerocomm-bench tune", description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="gloo,mpi")
-    parser.add_argument("--world-sizes", default="2,3,4")
-    parser.add_argument("--sizes", default="8B:16MiB")
-    parser.add_argument("--factor", type=int, default=8)
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"where to write the table (default: {DEFAULT_OUT})")
-    args = parser.parse_args(argv)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``tune`` subcommand."""
+    from .options import UsageError
+    from .units import size_sweep
+
+    try:
+        size_sweep(args.sizes, args.factor)
+    except ValueError as exc:
+        raise UsageError(f"--sizes {args.sizes!r}: {exc}") from None
     table: Dict[str, object] = {}
-    if os.path.exists(args.out):  # keep the backends this run does not measure
-        with open(args.out) as handle:
+    seed = args.out if os.path.exists(args.out) else PACKAGE_TABLE
+    if os.path.exists(seed):  # keep the backends this run does not measure
+        with open(seed) as handle:
             table = {k: v for k, v in json.load(handle).items() if k != "_measured"}
-    for backend in args.backends.split(","):
+    for backend in args.backends:
         per_world = {}
-        for world in (int(w) for w in args.world_sizes.split(",")):
+        for world in args.world_sizes:
             print(f"# measuring {backend} at {world} ranks", file=sys.stderr, flush=True)
             per_world[world] = winners(measure(backend, world, args.sizes, args.factor, args.iters))
         table[backend] = table_rows(per_world)
@@ -118,7 +149,8 @@ def main(argv=None) -> int:
     with open(args.out, "w") as handle:
         json.dump(table, handle, indent=1)
         handle.write("\n")
-    print(f"wrote {args.out}", file=sys.stderr)
+    print(f"wrote {args.out}; algorithm='auto' reads {PACKAGE_TABLE}: copy it there (in a checkout, "
+          f"commit it as comm/auto_table.json) to use it", file=sys.stderr)
     return 0
 
 

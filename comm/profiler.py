@@ -4,7 +4,10 @@
         with prof.span("backward"):            # optional: mark computation, to see overlap
             loss.backward()
     print(prof.table())
-    prof.export_chrome_trace("trace.json")     # open in https://ui.perfetto.dev
+    prof.export_chrome_trace(f"trace.rank{dist.get_rank()}.json")  # open in https://ui.perfetto.dev
+
+    merge_chrome_traces("trace", "trace.json")  # afterwards: every rank's file in one trace
+                                                # (zerocomm-bench trace trace -o trace.json)
 
 Each record holds op, group size, bytes (S, as nccl-tests defines it, and the bytes this
 rank sent), algorithm, backend, and start/end times taken on the thread that ran the
@@ -15,14 +18,25 @@ busbw use the *group's* size, never the world's.
 Off (the default), nothing is recorded and no call is synchronized; on, results are
 unchanged: the recorder only reads clocks and sizes.  CUDA work is timed on the host
 (launch to completion of ``wait``), which is what the rank experiences.
+
+[Note: one clock across ranks]
+Records keep ``time.perf_counter()`` seconds (steady, precise, but each process has its own zero).
+The Chrome trace converts them to wall-clock microseconds since the Unix epoch with one offset
+``time.time() - time.perf_counter()`` taken when the profiler is created, so the ranks of one host
+share a time axis without any communication, and a clock adjustment during the run cannot bend one
+rank's intervals.  Ranks on different hosts line up as well as their clocks are synchronized (NTP:
+typically well under a millisecond).  In the trace, ``pid`` is the global rank and ``tid`` a small
+integer per track, each named by ``process_name`` / ``thread_name`` metadata events.
 """
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
+import os
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, Iterable, List, Optional, Union
 
 from .traffic import CallRecord, bus_factor, observing
 
@@ -33,16 +47,20 @@ class Profiler:
     def __init__(self) -> None:
         self.records: List[CallRecord] = []
         self.spans: List[tuple] = []
+        self._record_threads: List[str] = []  # the thread that ran each record, for its track
         self._lock = threading.Lock()
         self._origin = time.perf_counter()
+        self._unix_offset_s = _unix_offset()
 
     # -- observer protocol ----------------------------------------------------------
     def on_start(self, record: CallRecord) -> None:
         pass
 
     def on_end(self, record: CallRecord) -> None:
+        thread = threading.current_thread().name  # on_end runs on the thread that ran the collective
         with self._lock:
             self.records.append(record)
+            self._record_threads.append(thread)
 
     # -- user annotations -----------------------------------------------------------
     @contextlib.contextmanager
@@ -75,7 +93,7 @@ class Profiler:
         return out
 
     def table(self) -> str:
-        from tabulate import tabulate  # optional dependency: the bench extra
+        from tabulate import tabulate
         rows = [[op, s["count"], s["size_bytes"], s["bytes_sent"], f"{s['mean_latency_us']:.1f}",
                  f"{s['algbw_GBps']:.3f}", f"{s['busbw_GBps']:.3f}"] for op, s in sorted(self.summary().items())]
         return tabulate(rows, headers=["op", "count", "bytes (S)", "bytes sent", "mean µs", "algbw GB/s",
@@ -91,29 +109,126 @@ class Profiler:
             "spans": [dict(name=n, start_us=(s - self._origin) * 1e6, end_us=(e - self._origin) * 1e6, thread=t)
                       for n, s, e, t in self.spans],
             "summary": self.summary(),
+            "origin_unix_us": self.unix_us(self._origin),  # start_us/end_us count from here
         }
 
     def export_json(self, path: str) -> None:
         with open(path, "w") as handle:
             json.dump(self.to_json(), handle, indent=1)
 
+    @staticmethod
+    def merge_chrome_traces(sources, out: Optional[str] = None) -> dict:
+        """:func:`merge_chrome_traces`, reachable from the public ``zerocomm.comm.Profiler``."""
+        return merge_chrome_traces(sources, out)
+
+    def unix_us(self, perf_s: float) -> float:
+        """A ``time.perf_counter()`` time of this process as microseconds since the Unix epoch."""
+        return (perf_s + self._unix_offset_s) * 1e6
+
     def chrome_trace(self) -> dict:
-        """Trace Event Format: one process per rank, a track for collectives and one for spans."""
+        """Trace Event Format: one process per rank (``pid`` = global rank), one track (``tid``) for
+        the collectives of each thread that ran some and one for the spans of each thread; timestamps
+        in wall-clock µs, so the files of several ranks merge into one aligned trace."""
+        rank = self.records[0].rank if self.records else _own_rank()
+        tracks: Dict[str, int] = {}
+
+        def tid(name: str) -> int:
+            return tracks.setdefault(name, len(tracks) + 1)
+
         events = []
-        for r in self.records:
-            events.append({"name": r.op, "cat": "comm", "ph": "X", "pid": r.rank, "tid": "collectives",
-                           "ts": (r.start_s - self._origin) * 1e6, "dur": max(r.seconds * 1e6, 0.01),
-                           "args": {"algorithm": r.algorithm, "backend": r.backend, "group_size": r.group_size,
-                                    "bytes": r.size_bytes, "bytes_sent": r.bytes_sent}})
-        rank = self.records[0].rank if self.records else 0
+        for record, thread in zip(self.records, self._record_threads):
+            events.append({"name": record.op, "cat": "comm", "ph": "X", "pid": record.rank,
+                           "tid": tid(f"collectives ({thread})"), "ts": self.unix_us(record.start_s),
+                           "dur": max(record.seconds * 1e6, 0.01),
+                           "args": {"algorithm": record.algorithm, "backend": record.backend,
+                                    "group_size": record.group_size, "group_ranks": list(record.group_ranks),
+                                    "bytes": record.size_bytes, "bytes_sent": record.bytes_sent}})
         for name, start, end, thread in self.spans:
-            events.append({"name": name, "cat": "compute", "ph": "X", "pid": rank, "tid": f"compute ({thread})",
-                           "ts": (start - self._origin) * 1e6, "dur": (end - start) * 1e6})
-        return {"traceEvents": events, "displayTimeUnit": "ms"}
+            events.append({"name": name, "cat": "compute", "ph": "X", "pid": rank, "tid": tid(f"compute ({thread})"),
+                           "ts": self.unix_us(start), "dur": max((end - start) * 1e6, 0.01)})
+        meta = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
+                {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}}]
+        for name, number in tracks.items():
+            meta.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": number, "args": {"name": name}})
+            meta.append({"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": number,
+                         "args": {"sort_index": number}})
+        return {"traceEvents": meta + events, "displayTimeUnit": "ms",
+                "otherData": {"clock": "wall clock, µs since the Unix epoch", "ranks": [rank]}}
 
     def export_chrome_trace(self, path: str) -> None:
         with open(path, "w") as handle:
             json.dump(self.chrome_trace(), handle)
+
+
+def _unix_offset() -> float:
+    """``time.time() - time.perf_counter()``, read between two perf_counter reads to halve the error."""
+    before = time.perf_counter()
+    wall = time.time()
+    after = time.perf_counter()
+    return wall - (before + after) / 2
+
+
+def _own_rank() -> int:
+    """This process's global rank, or 0 outside a process group (a trace with spans only)."""
+    from .group import WORLD
+
+    return WORLD.default.my_global_rank if WORLD.default is not None else 0
+
+
+def rank_trace_files(prefix: str) -> List[str]:
+    """The per-rank Chrome traces ``PREFIX.rankN.trace.json`` (what ``ZEROCOMM_PROFILE=PREFIX`` writes),
+    ordered by rank."""
+    found = glob.glob(glob.escape(prefix) + ".rank*.trace.json")
+    numbered = []
+    for path in found:
+        middle = path[len(prefix) + len(".rank"):-len(".trace.json")]
+        if middle.isdigit():
+            numbered.append((int(middle), path))
+    return [path for _, path in sorted(numbered)]
+
+
+def merge_chrome_traces(sources: Union[str, Iterable[str]], out: Optional[str] = None) -> dict:
+    """One Chrome trace holding every rank's events; written to ``out`` when given.
+
+    ``sources`` is a list of per-rank trace files, or one ``ZEROCOMM_PROFILE`` prefix whose
+    ``PREFIX.rankN.trace.json`` files are read.  Each file keeps its ``pid`` (its rank); two files
+    with the same rank are an error (a stale file of another run, most likely).  Timestamps are
+    already on one clock (see the note above); the merged trace counts them from its earliest event
+    and records that origin in ``otherData["origin_unix_us"]``.
+    """
+    if isinstance(sources, str):
+        paths = [sources] if os.path.isfile(sources) else rank_trace_files(sources)
+        if not paths:
+            raise FileNotFoundError(f"no trace files: {sources!r} is neither a file nor a prefix of "
+                                    f"{sources}.rankN.trace.json files")
+    else:
+        paths = list(sources)
+        if not paths:
+            raise ValueError("merge_chrome_traces needs at least one trace file")
+    events: List[dict] = []
+    owner: Dict[int, str] = {}
+    for path in paths:
+        with open(path) as handle:
+            trace = json.load(handle)
+        file_events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        for pid in sorted({e["pid"] for e in file_events if "pid" in e}):
+            if pid in owner:
+                raise ValueError(f"rank {pid} appears in both {owner[pid]!r} and {path!r}; "
+                                 f"merge the files of one run only")
+            owner[pid] = path
+        events.extend(file_events)
+    timed = [e["ts"] for e in events if e.get("ph") != "M" and "ts" in e]
+    origin = min(timed) if timed else 0.0
+    for event in events:
+        if event.get("ph") != "M" and "ts" in event:
+            event["ts"] = event["ts"] - origin
+    merged = {"traceEvents": events, "displayTimeUnit": "ms",
+              "otherData": {"clock": "wall clock, µs from origin_unix_us", "origin_unix_us": origin,
+                            "ranks": sorted(owner), "files": paths}}
+    if out is not None:
+        with open(out, "w") as handle:
+            json.dump(merged, handle)
+    return merged
 
 
 def profile(registry=None):

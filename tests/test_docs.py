@@ -29,3 +29,103 @@ def test_relative_links_resolve(page):
         if not (page.parent / target).exists():
             missing.append(target)
     assert not missing, f"{page.name} links to missing files: {missing}"
+
+
+# --- the commands and facts the pages show match the code ------------------------------------------
+
+BENCH_RE = re.compile(r"(?:zerocomm-bench|python -m zerocomm\.benchmarks|-m zerocomm\.benchmarks)(?=\s|$)(.*)")
+PLACEHOLDER_RE = re.compile(r"[A-Z][A-Z_]+|\[\w+\]")  # COMMAND, [options]: a form, not a command
+
+
+def _shown_commands(text: str) -> list[str]:
+    """Argument strings of every ``zerocomm-bench`` command in code blocks and inline code."""
+    spans = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+    spans = [line for block in spans for line in block.splitlines()]
+    prose = re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S)
+    spans += [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", prose)]
+    commands = []
+    for span in spans:
+        for match in BENCH_RE.finditer(span):
+            rest = re.split(r"\s+#|&&|\||;|`", match.group(1))[0].strip()
+            if "..." in rest:  # an elided example ("torchrun ... -m zerocomm.benchmarks", "--nprocs ...")
+                continue
+            commands.append(rest)
+    return commands
+
+
+def _all_shown_commands() -> list[tuple[str, str]]:
+    return [(page.name, command) for page in PAGES for command in _shown_commands(page.read_text())]
+
+
+def test_pages_show_benchmark_commands():
+    shown = _all_shown_commands()
+    assert len(shown) >= 15, shown
+    assert any("-b 8 -e 64M -f 2" in command for _, command in shown), "the nccl-tests flags are shown"
+
+
+@pytest.mark.parametrize("page, command", _all_shown_commands(), ids=lambda value: str(value)[:60])
+def test_shown_commands_are_accepted(page, command, monkeypatch):
+    """Every command the pages show parses, and (collectives, compare) passes the checks made before
+    ranks start; nothing is run."""
+    import shlex
+
+    from zerocomm.benchmarks import cli, collectives_cli, zero_cli
+
+    monkeypatch.chdir(ROOT)  # --plot docs/bench/compare.png names a folder of the checkout
+    for name in ("ZEROCOMM_ALGORITHM", "ZEROCOMM_BENCH_STANDIN", "RANK", "WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    argv = shlex.split(command)
+    if any(PLACEHOLDER_RE.fullmatch(word) for word in argv):
+        return  # a form such as `zerocomm-bench COMMAND --help`
+    if len(argv) == 1 and argv[0] in cli.COMMANDS:
+        return  # the name of a subcommand, in prose
+    if not argv or argv[0] not in cli.COMMANDS:
+        argv = [cli.DEFAULT_COMMAND, *argv]
+    if argv[0] == "zero":  # zero_bench parses its own options: each flag shown must be one of them
+        source = (ROOT / "benchmarks" / "zero_bench.py").read_text()
+        flags = [item.split("=")[0] for item in zero_cli.split_lists(argv[1:]) if item.startswith("--")]
+        assert all(f'"{flag}"' in source for flag in flags), (page, command)
+        return
+    try:
+        args = cli.build_parser().parse_args(argv)
+    except SystemExit as stopped:
+        if stopped.code == 0 and "--help" in argv:
+            return
+        pytest.fail(f"{page} shows `zerocomm-bench {command}`, which the command line refuses")
+    if argv[0] in ("collectives", "compare"):
+        if "nccl" in (args.compare or [args.backend]) or args.device == "cuda":
+            return  # checked on machines with GPUs only
+        collectives_cli.plan(args, args.compare)
+
+
+def test_readme_states_the_default_algorithm():
+    from zerocomm.comm.config import CommConfig
+
+    default = CommConfig.from_env({}).algorithm
+    readme = (ROOT / "README.md").read_text()
+    (line,) = [line for line in readme.splitlines() if line.startswith("dist.all_reduce(grad) ")]
+    assert f'algorithm="{default}"' in line, line
+    assert f'`"{default}"` unless `ZEROCOMM_ALGORITHM`' in readme
+
+
+def test_readme_lists_the_extras_pyproject_defines():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    readme = (ROOT / "README.md").read_text()
+    table = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", readme, re.M))
+    assert set(table) == set(extras), "README's extras table and pyproject.toml differ"
+    for extra, requirements in extras.items():
+        for requirement in requirements:
+            name = re.split(r"[<>=\[]", requirement)[0]
+            assert name.split("-")[0].lower() in table[extra].lower(), f"README's {extra} row omits {name}"
+
+
+def test_the_closing_lines_shown_are_the_ones_printed():
+    from zerocomm.benchmarks import report
+
+    printed = report.closing_lines([("native", 0.5, 0), ("ring", 0.25, 0)], check=True)
+    for page in (ROOT / "README.md", ROOT / "docs" / "benchmarks.md"):
+        text = page.read_text()
+        assert printed[0] in text, f"{page.name} does not show {printed[0]!r}"
+        assert printed[1].split(":")[0] + ":" in text

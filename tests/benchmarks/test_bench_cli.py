@@ -1,45 +1,236 @@
-"""End to end: ``python -m zerocomm.benchmarks`` on 2 local ranks, one tiny size, ``--check``.
+"""``zerocomm-bench``'s command line: nccl-tests' flags, one list convention, every bad argument or
+environment value refused before any rank starts (naming it), and end to end runs on 2 local ranks.
 
-gloo forks its ranks; MPI re-runs the command under mpiexec.  The MPI case needs
-zerocomm.comm (torch's CPU wheel has no MPI backend), so it is skipped under the
-``ZEROCOMM_BENCH_STANDIN=torch`` stand-in.
+gloo forks its ranks; MPI re-runs the command under mpiexec.  The MPI cases need zerocomm.comm
+(torch's CPU wheel has no MPI backend), so they are skipped under ``ZEROCOMM_BENCH_STANDIN=torch``.
 """
+import ast
+import csv
 import json
 import os
+import pathlib
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
-from zerocomm.benchmarks import units
+from zerocomm.benchmarks import cli, collectives_cli, launch, units, zero_cli
 from zerocomm.benchmarks.target import STANDIN_ENV, target_name
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 STANDIN = target_name() == "torch"
+NO_MPI_REASON = f"{STANDIN_ENV}=torch: torch has no MPI backend"
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Fails the test if anything tries to start a rank (fork, mpiexec or a subprocess world)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a rank was started: {args!r}")
+
+    monkeypatch.setattr(launch, "run_forked", refuse)
+    monkeypatch.setattr(launch, "relaunch_under_mpiexec", refuse)
+    monkeypatch.setattr(subprocess, "run", refuse)
+    for name in ("ZEROCOMM_ALGORITHM", STANDIN_ENV, "RANK", "WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def refusal(argv, capsys) -> str:
+    """The error ``zerocomm-bench argv`` stops with (exit status 2)."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(argv)
+    assert stopped.value.code == 2
+    return capsys.readouterr().err
+
+
+def parsed(argv):
+    args = cli.build_parser().parse_args(argv)
+    return args, collectives_cli.plan(args, args.compare)
+
+
+def test_nccl_tests_flags_set_the_sweep(no_ranks):
+    args, plan = parsed(["collectives", "-b", "8", "-e", "64M", "-f", "2", "-n", "20", "-w", "5", "-c", "1",
+                         "-d", "float", "-o", "prod", "-r", "1"])
+    cfg = plan.cfg
+    assert cfg.sizes[0] == 8 and cfg.sizes[-1] == 64 << 20 and len(cfg.sizes) == 24  # 8 B x 2^k up to 64 MiB
+    assert (cfg.iters, cfg.warmup, cfg.check, cfg.dtype, cfg.op, cfg.root) == (20, 5, True, "float32", "product", 1)
+
+
+def test_checking_is_on_by_default_and_can_be_turned_off(no_ranks):
+    assert parsed(["collectives"])[1].cfg.check is True
+    assert parsed(["collectives", "-c", "0"])[1].cfg.check is False
+    assert parsed(["collectives", "--no-check"])[1].cfg.check is False
+    assert parsed(["collectives", "--check"])[1].cfg.check is True
+
+
+def test_lists_are_comma_separated_in_both_spellings(no_ranks):
+    spaced, _ = parsed(["collectives", "--compare", "gloo,mpi", "--nprocs", "2,4", "--ops", "all_reduce,all_gather"])
+    joined, _ = parsed(["collectives", "--compare=gloo,mpi", "--nprocs=2,4", "--ops=all_reduce,all_gather"])
+    assert spaced.compare == joined.compare == ["gloo", "mpi"]
+    assert spaced.nprocs == joined.nprocs == [2, 4]
+    assert spaced.ops == joined.ops == ["all_reduce", "all_gather"]
+    compare, plan = parsed(["compare", "--backends=gloo,mpi", "--nprocs", "2"])
+    assert plan.backends == ("gloo", "mpi") and plan.world_sizes == (2,) and plan.side_by_side
+
+
+def test_the_default_subcommand_takes_nccl_tests_flags_directly(no_ranks, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(collectives_cli, "run", lambda args: seen.setdefault("args", args) and 0)
+    assert cli.main(["-b", "1K", "-e", "1K", "--nprocs", "2"]) == 0
+    assert seen["args"].command == "collectives" and seen["args"].minbytes == 1024
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--algorithms", "foo"], "--algorithms: unknown algorithm(s) 'foo'"),
+    (["--algorithms", "native,native"], "--algorithms"),
+    (["--compare", "gloo,foo"], "argument --compare: unknown backend 'foo'"),
+    (["--compare=gloo,,mpi"], "argument --compare"),
+    (["--backend", "infiniband"], "argument --backend: unknown backend 'infiniband'"),
+    (["--nprocs", "0"], "argument --nprocs: 0 must be >= 1"),
+    (["-b", "1M", "-e", "8"], "-b 1048576 is larger than -e 8"),
+    (["-b", "8", "--sizes", "64B"], "--sizes '64B' and -b/-e"),
+    (["--sizes", "8B:1XB"], "--sizes '8B:1XB': cannot read size '1XB'"),
+    (["-f", "1"], "argument -f/--stepfactor/--factor: 1 must be >= 2"),
+    (["-n", "0"], "argument -n/--iters: 0 must be >= 1"),
+    (["-d", "complex64"], "argument -d/--datatype/--dtype: unknown dtype 'complex64'"),
+    (["-o", "xor"], "argument -o/--op: unknown reduce op 'xor'"),
+    (["--root", "4", "--nprocs", "4"], "--root 4 is not a rank of 4 ranks"),
+    (["--ops", "allreduce"], "argument --ops: unknown collective 'allreduce'"),
+    (["--json", "/no/such/folder/rows.json"], "--json '/no/such/folder/rows.json': the folder"),
+    (["--timeout", "0"], "argument --timeout: 0 must be > 0"),
+])
+def test_bad_arguments_are_refused_before_any_rank_starts_naming_the_flag(argv, named, no_ranks, capsys):
+    assert named in refusal(argv, capsys)
+
+
+@pytest.mark.parametrize("variable, value, named", [
+    ("ZEROCOMM_ALGORITHM", "foo", "ZEROCOMM_ALGORITHM='foo'"),
+    ("ZEROCOMM_SEGMENT_BYTES", "lots", "ZEROCOMM_SEGMENT_BYTES='lots'"),
+    (STANDIN_ENV, "tensorflow", f"{STANDIN_ENV}='tensorflow'"),
+    ("RANK", "zero", "RANK='zero'"),
+])
+def test_bad_environment_values_are_refused_naming_the_variable(variable, value, named, no_ranks, monkeypatch, capsys):
+    monkeypatch.setenv(variable, value)
+    if variable == "RANK":
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    assert named in refusal(["--nprocs", "2"], capsys)
+
+
+def test_nccl_without_a_gpu_says_so(no_ranks, capsys):
+    import torch
+
+    if torch.version.cuda is not None and torch.cuda.device_count() > 0:
+        pytest.skip("this machine has a CUDA device: the refusal is for machines without one")
+    error = refusal(["--backend", "nccl", "--nprocs", "2"], capsys)
+    assert "--backend nccl needs CUDA" in error and "ZeroDivisionError" not in error
+    assert "--device cuda needs CUDA" in refusal(["--device", "cuda", "--nprocs", "2"], capsys)
+
+
+def test_a_missing_optional_package_names_its_extra(no_ranks, monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    assert "pip install 'zerocomm[bench]'" in refusal(["--plot", str(tmp_path / "p.png")], capsys)
+    assert zero_cli.main(["--plot", str(tmp_path / "p.png"), "--small"]) == 2
+    assert "pip install 'zerocomm[bench]'" in capsys.readouterr().err
+
+
+def test_the_cli_imports_only_base_dependencies_at_module_level():
+    """Third-party imports of the benchmarks package are base dependencies, except those imported
+    inside a function behind a check that names their extra (matplotlib: --plot; mpi4py: MPI)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {req.split(">")[0].split("=")[0].split("[")[0].strip() for req in project["dependencies"]}
+    lazily_with_extra = {"matplotlib": "bench", "mpi4py": "mpi"}
+    stdlib = set(sys.stdlib_module_names)
+    for path in (ROOT / "benchmarks").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        top_level = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                root = name.split(".")[0]
+                if root in stdlib or root in base or root == "zerocomm":
+                    continue
+                assert root in lazily_with_extra, f"{path.name} imports {root}, which no base dependency installs"
+                assert id(node) not in top_level, f"{path.name} imports {root} at module level"
+                for extra in set(lazily_with_extra.values()):
+                    assert extra in project["optional-dependencies"]
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_every_subcommand_has_help(command, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([command, "--help"])
+    assert stopped.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_zero_accepts_the_comma_convention_too():
+    assert zero_cli.split_lists(["--world-sizes", "2,4", "--steps", "3", "--only=ring,stage 3"]) == [
+        "--world-sizes", "2", "4", "--steps", "3", "--only", "ring", "stage 3"]
+    assert zero_cli.split_lists(["--world-sizes", "2", "4"]) == ["--world-sizes", "2", "4"]
+
+
+def _bench(*argv, timeout=150):
+    done = subprocess.run([sys.executable, "-m", "zerocomm.benchmarks", *argv], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    return done.stdout
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("backend", [
-    "gloo",
-    pytest.param("mpi", marks=pytest.mark.skipif(STANDIN, reason=f"{STANDIN_ENV}=torch: torch has no MPI backend")),
-])
-def test_cli_prints_a_checked_row_for_every_op(backend, tmp_path):
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.skipif(STANDIN, reason=NO_MPI_REASON))])
+def test_cli_prints_a_checked_row_for_every_op_and_nccl_tests_closing_lines(backend, tmp_path):
     json_path = tmp_path / "rows.json"
-    command = [sys.executable, "-m", "zerocomm.benchmarks", "--backend", backend, "--nprocs", "2",
-               "--sizes", "64B", "--warmup", "1", "--iters", "2", "--check", "--json", str(json_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=150,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
-
-    lines = done.stdout.splitlines()
-    assert any("nccl-tests" in line for line in lines if line.startswith("#")), done.stdout
+    stdout = _bench("--backend", backend, "--nprocs", "2", "-b", "64", "-e", "64", "-w", "1", "-n", "2",
+                    "--json", str(json_path))
+    lines = stdout.splitlines()
+    assert any("nccl-tests" in line for line in lines if line.startswith("#")), stdout
     table = {line.split()[0] for line in lines if line and not line.startswith(("#", "-", "collective"))}
-    assert table == set(units.COLLECTIVES), done.stdout
-    assert "# check: 0 wrong element(s)" in done.stdout
+    assert table == set(units.COLLECTIVES), stdout
+    closing = [line for line in lines if line.startswith(("# Out of bounds", "# Avg bus bandwidth"))]
+    assert closing[0] == "# Out of bounds values : 0 OK", stdout  # checking is on by default
+    assert closing[1].startswith("# Avg bus bandwidth    : ") and float(closing[1].split(":")[1]) > 0
+    assert lines[-1].startswith("#   by algorithm") and lines[-2] == closing[1]
 
     data = json.loads(json_path.read_text())
-    assert data["meta"]["world_size"] == 2 and data["meta"]["backend"] == backend
+    assert data["meta"]["world_size"] == 2 and data["meta"]["backend"] == backend and data["meta"]["check"]
     native = {row["collective"]: row for row in data["rows"] if row["algorithm"] == "native"}
     assert set(native) == set(units.COLLECTIVES)
     assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in native.values())
     # every algorithm that ran got its result right
     assert all(row["wrong"] == 0 for row in data["rows"] if row["time_us"] is not None)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(STANDIN, reason=NO_MPI_REASON)
+def test_compare_keeps_every_backends_rows(tmp_path):
+    csv_path, json_path = tmp_path / "rows.csv", tmp_path / "rows.json"
+    stdout = _bench("--compare=gloo,mpi", "--nprocs", "2", "--ops", "all_reduce", "--algorithms", "native,ring",
+                    "-b", "64", "-e", "64", "-w", "1", "-n", "2", "--csv", str(csv_path), "--json", str(json_path),
+                    timeout=200)
+    with open(csv_path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted((r["backend"], r["world_size"], r["algorithm"]) for r in rows) == [
+        ("gloo", "2", "native"), ("gloo", "2", "ring"), ("mpi", "2", "native"), ("mpi", "2", "ring")]
+    assert all(r["dtype"] == "float32" and r["op"] == "sum" and r["size"] == "64" and float(r["time_us"]) > 0
+               for r in rows)
+    assert {r["backend"] for r in json.loads(json_path.read_text())["rows"]} == {"gloo", "mpi"}
+    assert "# Avg bus bandwidth    : " in stdout and "(mpi, 2 ranks)" in stdout and "(gloo, 2 ranks)" in stdout
+
+
+def test_the_algorithm_check_accepts_exactly_what_comm_accepts():
+    from zerocomm.benchmarks.target import check_algorithms, comm_module
+    from zerocomm.comm.config import ALGORITHMS
+
+    dist = comm_module()
+    if STANDIN:
+        pytest.skip(f"{STANDIN_ENV}=torch: torch accepts only native")
+    check_algorithms(dist, ALGORITHMS)
+    with pytest.raises(ValueError, match="'foo'"):
+        check_algorithms(dist, ["native", "foo"])

@@ -263,7 +263,20 @@ def test_table_has_aligned_rows_footnotes_and_verdict():
     assert "busbw/native" in lines[0] and "2.00" in lines[3] and "unsupported [1]" in lines[4]
     assert len({len(line.rstrip()) for line in lines[2:4]}) == 1  # numeric columns right-aligned
     summary = report.summary_lines(rows, check=True)
-    assert summary == ["# [1] no tree", "# check: 3 wrong element(s) in 2 checked cell(s): FAILED"]
+    assert summary[:2] == ["# [1] no tree", "# Out of bounds values : 3 FAILED"]
+    assert summary[2].startswith("# Avg bus bandwidth    : ")
+
+
+def test_closing_lines_follow_nccl_tests():
+    """The mean busbw over every row with a time (GB/s), as nccl-tests averages over its sizes."""
+    cells = [("native", 1.0, 0), ("ring", 3.0, 0), ("native", 2.0, 0), ("tree", None, None)]
+    lines = report.closing_lines(cells, check=True)
+    assert lines == ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 2",
+                     "#   by algorithm (GB/s): native 1.5, ring 3"]
+    assert float(lines[1].split(":")[1]) == 2.0  # what `grep 'Avg bus bandwidth' | cut -d: -f2` reads
+    unchecked = report.closing_lines([("native", 0.5, None)], check=False, label="gloo, 2 ranks")
+    assert unchecked == ["# Out of bounds values : not checked (-c 0) (gloo, 2 ranks)",
+                         "# Avg bus bandwidth    : 0.5 (gloo, 2 ranks)"]
 
 
 def test_header_names_the_timing_convention_and_definitions():
@@ -277,12 +290,18 @@ def test_header_names_the_timing_convention_and_definitions():
 
 def test_json_and_csv(tmp_path):
     rows = [_row("native", 100.0), _row("ring", 50.0)]
-    report.write_json(tmp_path / "out.json", {"world_size": 2}, rows)
+    meta = {"target": "zerocomm.comm", "backend": "gloo", "world_size": 2, "dtype": "float32", "op": "sum",
+            "in_place": False, "device": "cpu", "iters": 20}
+    report.write_json(tmp_path / "out.json", meta, rows)
     data = json.loads((tmp_path / "out.json").read_text())
-    assert data["meta"] == {"world_size": 2}
+    assert data["meta"] == meta
     assert data["rows"][1]["busbw_vs_native"] == 2.0 and data["rows"][1]["rank_times_us"] == [50.0, 25.0]
-    report.write_csv(tmp_path / "out.csv", rows)
+    assert all(row["backend"] == "gloo" and row["world_size"] == 2 and row["dtype"] == "float32"
+               for row in data["rows"])
+    report.write_csv(tmp_path / "out.csv", rows, meta)
     with open(tmp_path / "out.csv", newline="") as handle:
         records = list(csv.DictReader(handle))
     assert [r["algorithm"] for r in records] == ["native", "ring"]
     assert tuple(records[0]) == report.CSV_FIELDS and records[0]["busbw_vs_native"] == ""
+    assert {"backend", "world_size", "algorithm", "dtype", "op", "size", "time_us", "busbw"} <= set(records[0])
+    assert records[1]["backend"] == "gloo" and records[1]["world_size"] == "2"

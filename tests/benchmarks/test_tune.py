@@ -30,8 +30,13 @@ def test_rows_merge_and_the_largest_world_covers_larger_ones():
                      [tune.UNBOUNDED, tune.UNBOUNDED, "ring"]]
 
 
+def test_tune_writes_outside_the_package_by_default():
+    assert not pathlib.Path(tune.DEFAULT_OUT).is_absolute()
+    assert pathlib.Path(tune.PACKAGE_TABLE).parent.name == "comm"
+
+
 def test_committed_table_is_well_formed():
-    path = pathlib.Path(tune.DEFAULT_OUT)
+    path = pathlib.Path(tune.PACKAGE_TABLE)
     table = json.loads(path.read_text())
     assert {"gloo", "mpi"} <= set(table)
     for backend in ("gloo", "mpi"):
