@@ -31,6 +31,7 @@ COMMANDS = {
     "compression": "compression",
     "zero": "zero_cli",
     "trace": "trace_cli",
+    "overhead": "overhead",
 }
 DEFAULT_COMMAND = next(iter(COMMANDS))
 

@@ -1,7 +1,7 @@
 """Per-call overhead: what zerocomm adds to a small blocking collective, side by side with its peers.
 
-    python -m zerocomm.benchmarks.overhead            # MPI and gloo, 2 ranks, 8 B float32 all_reduce
-    python -m zerocomm.benchmarks.overhead --iters 20000 --json out.json
+    zerocomm-bench overhead                       # MPI and gloo, 2 ranks, 8 B float32 all_reduce
+    zerocomm-bench overhead --iters 20000 --json out.json
 
 Two worlds of 2 ranks run one after the other; within each, every variant runs in the same
 processes, interleaved round by round (A B C A B C ...), so a load change on the machine touches
@@ -182,16 +182,22 @@ def _tables(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zerocomm.benchmarks.overhead", description=__doc__.split("\n")[0])
+HELP = "per-call overhead of a small blocking all_reduce against raw mpi4py and torch's gloo; the ring's memory"
+
+
+def add_arguments(parser) -> None:
     parser.add_argument("--iters", type=int, default=5000, help="timed calls per variant (default: 5000)")
     parser.add_argument("--backends", default="mpi,gloo", help="comma-separated: mpi, gloo (default: both)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--worker", choices=("mpi",), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+
+
+def run(args) -> int:
+    """Run the comparison (or, with ``--worker mpi``, one MPI rank of it); the exit status."""
+    from .options import UsageError
     if args.iters < 100:
-        parser.error(f"--iters must be at least 100, got {args.iters}")
+        raise UsageError(f"--iters must be at least 100, got {args.iters}")
     if args.worker == "mpi":
         result = mpi_worker(args.iters)
         from mpi4py import MPI
@@ -202,7 +208,7 @@ def main(argv=None) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = [b for b in backends if b not in ("mpi", "gloo")]
     if unknown:
-        parser.error(f"--backends: unknown {unknown}; choose from mpi, gloo")
+        raise UsageError(f"--backends: unknown {unknown}; choose from mpi, gloo")
     results = {}
     if "mpi" in backends:
         results["mpi"] = _run_mpi(args.iters)
@@ -218,6 +224,12 @@ def main(argv=None) -> int:
         with open(args.json, "w") as handle:
             json.dump({"results": results, "loadavg": load}, handle, indent=1)
     return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zerocomm.benchmarks.overhead", description=HELP)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
