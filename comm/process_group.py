@@ -82,15 +82,26 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
 
 
 def _write_env_profiles() -> None:
-    """Write the ZEROCOMM_PROFILE recorder's files (JSON summary and Chrome trace) for this rank."""
+    """Write the ZEROCOMM_PROFILE recorder's files for this rank (JSON summary, Chrome trace), and rank 0
+    the trace merging every rank's (``PATH.trace.json``)."""
     from .profiler import Profiler
     path = WORLD.config.profile_path
-    for observer in [o for o in WORLD.observers if isinstance(o, Profiler)]:
-        if path and WORLD.default is not None:
-            rank = WORLD.default.my_global_rank
-            observer.export_json(f"{path}.rank{rank}.json")
-            observer.export_chrome_trace(f"{path}.rank{rank}.trace.json")
+    profilers = [o for o in WORLD.observers if isinstance(o, Profiler)]
+    for observer in profilers:
         WORLD.observers.remove(observer)
+    world = WORLD.default
+    if not (path and profilers and world is not None):
+        return
+    rank = world.my_global_rank
+    for observer in profilers:
+        observer.export_json(f"{path}.rank{rank}.json")
+        observer.export_chrome_trace(f"{path}.rank{rank}.trace.json")
+    # Every rank's file is written once all have passed the barrier: rank 0 merges them into one trace.
+    from .api import barrier
+    barrier()
+    if rank == 0:
+        from .profiler import merge_chrome_traces
+        merge_chrome_traces(path, f"{path}.trace.json")
 
 
 def destroy_process_group(group=None) -> None:

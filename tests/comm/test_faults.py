@@ -97,3 +97,24 @@ def test_a_timed_out_group_fails_fast_and_names_the_first_failure(world):
     assert again and "unusable after an earlier failure" in again and first in again, again
     assert again_s < 0.5
     assert check == [2.0, 2.0]
+
+
+def local_error_stays_local():
+    """A local failure (an in-place write into a leaf that requires grad) is not a peer's fault."""
+    n = dist.get_world_size()
+    outputs = [torch.zeros(2, requires_grad=True) for _ in range(n)]
+    try:
+        dist.all_gather(outputs, torch.ones(2))
+        raised = None
+    except Exception as error:  # judged by the parent
+        raised = (type(error).__name__, isinstance(error, dist.CommError))
+    check = torch.ones(2)
+    dist.all_reduce(check)  # the group is not poisoned by a local error
+    return raised, check.tolist(), n
+
+
+@pytest.mark.parametrize("world", worlds(("gloo", "mpi"), (2,)), indirect=True)
+def test_a_local_error_stays_local(world):
+    for raised, check, n in world.run(local_error_stays_local, timeout=60):
+        assert raised == ("RuntimeError", False)
+        assert check == [float(n)] * 2
