@@ -6,7 +6,7 @@ backend's native collectives are matched by order, not by tag.  So every collect
 of a group, whatever its algorithm, runs in the order the caller issued it: a call
 takes its tag (a per-group sequence number) under the same lock that queues it.  A
 blocking call made while nothing is queued or running runs inline on the caller's
-thread (no thread hop: the short path of a small call); anything else goes to the
+thread, holding that lock (no thread hop: the short path of a small call); anything else goes to the
 group's executor thread, through a bounded queue (a caller that gets too far ahead
 waits, within its deadline).  Point-to-point calls by the user do not go through
 here: they carry the user's tag, below ``USER_TAG_LIMIT``, and never match a
@@ -20,6 +20,7 @@ import re
 import threading
 import time
 from concurrent.futures import Future
+from threading import get_ident
 from typing import Dict, List, Optional
 
 import torch
@@ -69,10 +70,10 @@ class Group:
         self._seq = 0
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the queue or the pending count changed
-        self._run_lock = threading.Lock()  # held by whichever thread runs a call
         self._pending = 0  # calls queued or running
         self._queue: collections.deque = collections.deque()
         self._worker: Optional[threading.Thread] = None
+        self._worker_ident: Optional[int] = None
         self._closed = False
         #: The first timeout or peer failure: the group is unusable after it (see ``run``).
         self.failure: Optional[CommError] = None
@@ -99,7 +100,7 @@ class Group:
     # -- running checked calls -----------------------------------------------------------
     def run(self, call) -> Optional[Work]:
         """Run ``call`` (a ``validate.Call``) in this group's order; return a ``Work`` if ``call.async_op``."""
-        on_worker = self._worker is not None and threading.current_thread() is self._worker
+        on_worker = self._worker_ident == get_ident()
         # Observers (byte counters, the profiler) see the calls issued while they are registered.
         observers = tuple(WORLD.observers) if WORLD.observers else ()
         with self._lock:
@@ -114,24 +115,14 @@ class Group:
                     f"new_group). The first failure: {self.failure}")
             self._seq += 1
             tag = USER_TAG_LIMIT + self._seq % _TAG_SPAN
-            # A blocking call made on the executor thread itself (from a Work's future callback) must run
-            # inline: queueing it behind the task that is making the call would wait forever.
-            inline = not call.async_op and (self._pending == 0 or on_worker)
-            if inline:
-                # Free: nothing is queued or running (the worker runs callbacks outside it).  Taken before the
-                # lock is released, so no call queued after this one can run first.
-                self._run_lock.acquire()
-                self._pending += 1
-            else:
-                future = self._enqueue(call, tag, on_worker, observers)
-        if inline:
-            try:
+            # Inline, under the lock: nothing is queued or running (so nothing can run beside it), and no
+            # call issued after it can be queued before it ends.  A blocking call made on the executor
+            # thread itself (from a Work's future callback) runs inline too: queueing it behind the task
+            # that is making the call would wait forever.
+            if not call.async_op and (self._pending == 0 or on_worker):
                 self.execute(call, tag, observers)
-            finally:
-                self._run_lock.release()
-                with self._lock:  # nobody waits on this change: the queue's waiters watch its length
-                    self._pending -= 1
-            return None
+                return None
+            future = self._enqueue(call, tag, on_worker, observers)
         work = Work(f"{call.collective} on {self.describe()}", future, call.outputs, self)
         if call.async_op:
             return work
@@ -153,6 +144,7 @@ class Group:
         if self._worker is None:
             self._worker = threading.Thread(target=self._serve, name=f"zerocomm-{self.name}", daemon=True)
             self._worker.start()
+            self._worker_ident = self._worker.ident
         self._changed.notify_all()
         return future
 
@@ -189,9 +181,9 @@ class Group:
                 destination.copy_(source.view(destination.shape))
 
     def _failed(self, error: CommError) -> CommError:
-        with self._lock:
-            if self.failure is None:
-                self.failure = error
+        # No lock: an inline call fails while holding it; a second failure racing the first changes nothing.
+        if self.failure is None:
+            self.failure = error
         return error
 
     def _call(self, call, tag: int, deadline: float, segment_bytes: int, communicator=None) -> None:
@@ -221,8 +213,7 @@ class Group:
     def _run_queued(self, call, tag: int, future: Future, observers: tuple) -> None:
         if future.set_running_or_notify_cancel():
             try:
-                with self._run_lock:
-                    self.execute(call, tag, observers)
+                self.execute(call, tag, observers)  # one at a time: only this thread runs queued calls
             except BaseException as error:  # the caller sees it through Work.wait
                 future.set_exception(error)
             else:
@@ -232,7 +223,7 @@ class Group:
 
     def on_executor(self) -> bool:
         """True on this group's executor thread (inside a ``Work``'s future callback)."""
-        return self._worker is not None and threading.current_thread() is self._worker
+        return self._worker_ident == get_ident()
 
     def run_until(self, future: Future) -> None:
         """Run queued calls on this thread, in order, until ``future`` is done.

@@ -159,6 +159,7 @@ class MpiBackend(Backend):
                      "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
         self._bool_ops = {"min": MPI.LAND, "max": MPI.LOR, "band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR}
         self._fromaddress = MPI.buffer.fromaddress
+        self._in_place = MPI.IN_PLACE
 
     @classmethod
     def world(cls) -> "MpiBackend":
@@ -262,10 +263,15 @@ class MpiBackend(Backend):
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel():
-            buf = self._buffer(tensor)
-            _wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self._op(op, tensor.dtype)), "MPI Iallreduce",
-                  deadline)
+        numel = tensor.numel()
+        if numel:
+            # _buffer and _op, spelled out: this is the short path of a small blocking all_reduce.
+            dtype = tensor.dtype
+            mpi_type = self._types.get(dtype)
+            buf = [self._fromaddress(tensor.data_ptr(), numel * tensor.element_size()), numel,
+                   self.MPI.INT16_T if mpi_type is None else mpi_type]
+            mpi_op = self._ops[op] if mpi_type is not None and dtype is not torch.bool else self._op(op, dtype)
+            _wait(self.comm.Iallreduce(self._in_place, buf, op=mpi_op), "MPI Iallreduce", deadline)
             if op == "avg":
                 tensor.div_(self.size)
 
