@@ -197,15 +197,23 @@ def all_reduce_recursive_doubling(
         newrank = r - rem
     if newrank >= 0:
         mask = 1
+        combine = KERNELS[op]
+        whole = seg is None or buf.numel() <= seg  # one message per exchange: no slicing (small buffers)
         while mask < p:
             partner_new = newrank ^ mask
             peer = partner_new * 2 + 1 if partner_new < rem else partner_new + rem
-            recvs = recv_segmented(t, incoming, peer, tag, seg)
-            sends = send_segmented(t, buf, peer, tag, seg)
-            for k, (lo, hi) in enumerate(segments(0, buf.numel(), seg)):
-                sends[k].wait(remaining(deadline))  # buf[lo:hi] is about to change
-                recvs[k].wait(remaining(deadline))
-                KERNELS[op](buf[lo:hi], incoming[lo:hi])
+            if whole:
+                recv = t.irecv(incoming, peer, tag)
+                t.isend(buf, peer, tag).wait(remaining(deadline))  # buf is about to change
+                recv.wait(remaining(deadline))
+                combine(buf, incoming)
+            else:
+                recvs = recv_segmented(t, incoming, peer, tag, seg)
+                sends = send_segmented(t, buf, peer, tag, seg)
+                for k, (lo, hi) in enumerate(segments(0, buf.numel(), seg)):
+                    sends[k].wait(remaining(deadline))  # buf[lo:hi] is about to change
+                    recvs[k].wait(remaining(deadline))
+                    combine(buf[lo:hi], incoming[lo:hi])
             mask <<= 1
     # Fold out: the result goes back to the ranks that sat out.
     if r < 2 * rem and r % 2 == 1:
