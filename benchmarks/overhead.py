@@ -49,6 +49,21 @@ def _peak_extra_rss(run) -> float:
     return (field("VmHWM:") - before) / 2**20
 
 
+def _waiting_cpu(dist, rank: int, late_s: float = 2.0) -> float:
+    """Percent of a core rank 0 burns while waiting ``late_s`` in an all_reduce for a late rank 1."""
+    import resource
+
+    import torch
+    tensor = torch.ones(4)
+    if rank != 0:
+        time.sleep(late_s)
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    dist.all_reduce(tensor, algorithm="native")
+    after, waited = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - start
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return 100.0 * cpu / waited if rank == 0 else 0.0
+
+
 def _rounds(variants: dict, iters: int, barrier) -> dict:
     """Per-call seconds of each variant, interleaved in rounds of 100 calls."""
     times = {name: [] for name in variants}
@@ -89,6 +104,7 @@ def mpi_worker(iters: int) -> dict:
     big = torch.ones(RSS_BYTES // 4)
     rss = {algorithm: _peak_extra_rss(lambda a=algorithm: dist.all_reduce(big, algorithm=a))
            for algorithm in ("native", "ring", "ring")}  # ring twice: the second run is the steady state
+    rss["waiting_cpu_percent"] = _waiting_cpu(dist, comm.Get_rank())
     both = comm.gather([result, rss], root=0)
     dist.destroy_process_group()
     return _worst(both) if comm.Get_rank() == 0 else None
@@ -179,6 +195,8 @@ def _tables(results: dict) -> str:
         rows.append([backend, f"{rss['native']:.1f}", f"{rss['ring']:.1f}", "8.0"])
     lines.append("peak extra RSS of one 64 MiB float32 all_reduce, 2 ranks (MiB, worst rank; segments of 4 MiB)")
     lines.append(tabulate(rows, headers=["backend", "native", "ring", "2 segments"]))
+    lines.append(f"\nmpi: a rank waiting 2 s in all_reduce for a late peer used "
+                 f"{results['mpi'][1]['waiting_cpu_percent']:.2f} % of a core")
     return "\n".join(lines)
 
 
