@@ -32,7 +32,7 @@ import torch
 
 from .. import comm as dist
 from .errors import ZeroStateError
-from .partition import BucketLayout, slot_views
+from .partition import BucketLayout
 from .stages import Reduction
 
 #: ``acquire(layout) -> buffer``: a 1-D tensor of ``layout.padded_numel`` elements to copy gradients into.
@@ -121,7 +121,7 @@ class GradientBucket:
             self.buffer = buffer
             self._views = None
         if self._views is None:
-            self._views = slot_views(self.buffer, self.layout)
+            self._views = [self.buffer[s.offset:s.offset + s.numel].view(s.shape) for s in self.layout.slots]
         return self._views
 
     def add(self, position: int, grad: Optional[torch.Tensor]) -> bool:
@@ -212,23 +212,27 @@ class FullGradients:
         self.reduction, self.owned, self.rank = reduction, owned, rank
         self.group, self.algorithm = group, algorithm
         self.buffer: Optional[torch.Tensor] = None  # allocated by the first boundary backward
+        # Index arithmetic done once: the step's path stays inside this file.
+        self._chunk = [layout.chunk_bounds(rank) for layout in layouts]
+        self._owned = [(layout.offset + owned(layout)[0], layout.offset + owned(layout)[1]) for layout in layouts]
+        self._numel = sum(layout.padded_numel for layout in layouts)
 
     def acquire(self, layout: BucketLayout) -> torch.Tensor:
         if self.buffer is None:
-            self.buffer = torch.zeros(sum(l.padded_numel for l in self.layouts), dtype=self.dtype, device=self.device)
+            self.buffer = torch.zeros(self._numel, dtype=self.dtype, device=self.device)
         return self.buffer[layout.offset:layout.offset + layout.padded_numel]
 
     def reduce(self, layout: BucketLayout, buffer: torch.Tensor):
         if self.reduction is Reduction.ALL_REDUCE:
             return dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=self.group, async_op=True,
                                    algorithm=self.algorithm)
-        lo, hi = layout.chunk_bounds(self.rank)
+        lo, hi = self._chunk[layout.index]
         return dist.reduce_scatter_tensor(buffer[lo:hi], buffer, op=dist.ReduceOp.AVG, group=self.group,
                                           async_op=True, algorithm=self.algorithm)
 
     def reduced(self, layout: BucketLayout) -> torch.Tensor:
-        lo, hi = self.owned(layout)
-        return self.buffer[layout.offset + lo:layout.offset + hi]
+        lo, hi = self._owned[layout.index]
+        return self.buffer[lo:hi]
 
     def end_step(self) -> None:
         pass
@@ -255,6 +259,8 @@ class ShardedGradients:
         self.max_inflight = max_inflight
         self.buckets: list = []  # set by the optimizer once the buckets exist
         self._inflight: collections.deque = collections.deque()
+        self._chunk = [layout.chunk_bounds(rank) for layout in layouts]
+        self._shard_range = [(layout.shard_offset, layout.shard_offset + layout.chunk_numel) for layout in layouts]
 
     def acquire(self, layout: BucketLayout) -> torch.Tensor:
         while self._inflight and self._inflight[0].is_completed():
@@ -271,11 +277,12 @@ class ShardedGradients:
                                               async_op=True, algorithm=self.algorithm)
         work = dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=self.group, async_op=True,
                                algorithm=self.algorithm)
-        lo, hi = layout.chunk_bounds(self.rank)
+        lo, hi = self._chunk[layout.index]
         return _ThenWork(work, lambda: out.copy_(buffer[lo:hi]))
 
     def reduced(self, layout: BucketLayout) -> torch.Tensor:
-        return self.shard[layout.shard_offset:layout.shard_offset + layout.chunk_numel]
+        lo, hi = self._shard_range[layout.index]
+        return self.shard[lo:hi]
 
     def end_step(self) -> None:
         self._inflight.clear()

@@ -59,6 +59,9 @@ class ReplicatedParameters:
         self.wait_per_module = config.wait_per_module
         self._bucket_of_param = {id(params[slot.index]): layout.index for layout in self.layouts
                                  for slot in layout.slots}
+        # Index arithmetic done once, so that the step's path does not leave this file for it.
+        self._chunk = [layout.chunk_bounds(rank) for layout in self.layouts]
+        self._owned = self._chunk if sharded_updates else [(0, layout.padded_numel) for layout in self.layouts]
 
     @staticmethod
     def plan(model: nn.Module, named: list, config: ZeroConfig, world_size: int) -> tuple[list, list]:
@@ -69,7 +72,7 @@ class ReplicatedParameters:
     # -- what the optimizer updates --------------------------------------------------------------
     def owned(self, layout: BucketLayout) -> tuple[int, int]:
         """The bucket-relative range this rank's optimizer updates."""
-        return layout.chunk_bounds(self.rank) if self.sharded_updates else (0, layout.padded_numel)
+        return self._owned[layout.index]
 
     def shard(self, layout: BucketLayout) -> torch.Tensor:
         """The elements of ``owned(layout)``, in the parameters' own storage."""
@@ -128,7 +131,7 @@ class ReplicatedParameters:
 
     def _launch_one(self, layout: BucketLayout):
         bucket = self.flat[layout.offset:layout.offset + layout.padded_numel]
-        lo, hi = layout.chunk_bounds(self.rank)
+        lo, hi = self._chunk[layout.index]
         return dist.all_gather_into_tensor(bucket, bucket[lo:hi], group=self.group, async_op=True,
                                            algorithm=self.algorithm), None
 
