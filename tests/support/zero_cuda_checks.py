@@ -106,8 +106,8 @@ def training(device) -> list:
                     failures.append(f"{where}: losses {losses} differ from the reference {reference} by {worst:.2e}")
                 devices = {p.device.type for p in optimizer.master} | {optimizer.gradients.reduced(l).device.type
                                                                      for l in optimizer.layouts}
-                if devices != {"cuda"}:
-                    failures.append(f"{where}: masters or gradient shards on {devices}, expected cuda only")
+                if devices != {device.type}:
+                    failures.append(f"{where}: masters or gradient shards on {devices}, expected {device.type} only")
                 if clip and optimizer.last_grad_norm is None:
                     failures.append(f"{where}: clipping on but no global norm computed")
                 optimizer.remove_hooks()
