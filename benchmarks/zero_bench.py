@@ -5,8 +5,11 @@
 Every variant runs in freshly forked ranks (gloo over a FileStore in a temporary folder); all train
 the same seeded TinyLM on the same batches with Adam, fp32.
 
-``step ms``: the median over the measured steps (after warm-up) of the slowest rank's wall time
-for forward + backward + step (+ waiting for zerocomm's post-step all_gather).
+``step ms``: the median over the measured steps (after warm-up) of the slowest rank's wall time per
+step, steps run back to back as in training (forward + backward + step + zero_grad, from one step's
+start to the next's; the batches are made beforehand).  zerocomm's post-step all_gather is waited for
+where the next forward needs it, so it counts in the step that waits; the last step ends with
+``synchronize()``.
 ``peak MiB``: the rank's peak resident set during model construction, wrapping and training, above
 its resident set just before (Linux ``VmHWM`` reset through ``clear_refs``; lazily loaded kernels
 are warmed up first; glibc is told to return large freed blocks at once), the largest over ranks.
@@ -167,12 +170,11 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
                                                                    reduce_bucket_numel=args.bucket_numel,
                                                                    allgather_bucket_numel=args.bucket_numel))
             data_model, synchronize, barrier = model, optimizer.synchronize, dist.barrier
-        times = []
-        for step in range(args.warmup + args.steps):
-            x, y = batch_for(data_model, seed=0, rank=rank, step=step, batch_size=args.batch)
-            barrier()
-            start = time.perf_counter()
-            if name.startswith("zerocomm") and step == args.warmup:
+        batches = [batch_for(data_model, seed=0, rank=rank, step=step, batch_size=args.batch)
+                   for step in range(args.warmup + args.steps)]
+        for step in range(args.warmup):  # the last warm-up step also counts zerocomm's bytes
+            x, y = batches[step]
+            if name.startswith("zerocomm") and step == args.warmup - 1:
                 import zerocomm.comm as dist
                 with dist.count_bytes() as counter:
                     loss_fn(data_model, model(x), y).backward()
@@ -181,13 +183,25 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
                 sent = counter.bytes_sent
             else:
                 loss_fn(data_model, model(x), y).backward()
-                if name.startswith("torch") and step == args.warmup:
+                if name.startswith("torch") and step == args.warmup - 1:
                     states = _torch_states(model, optimizer)
                 optimizer.step()
-                synchronize()
             optimizer.zero_grad()
-            if step >= args.warmup:
-                times.append(time.perf_counter() - start)
+        synchronize()
+        barrier()
+        # Steps back to back, as in training: a step is timed from its start to the next one's, so work a
+        # step leaves in flight (zerocomm's post-step all_gather) is paid where it is waited for, in the
+        # next forward; the last step ends with a synchronize.
+        stamps = [time.perf_counter()]
+        for step in range(args.warmup, args.warmup + args.steps):
+            x, y = batches[step]
+            loss_fn(data_model, model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step == args.warmup + args.steps - 1:
+                synchronize()
+            stamps.append(time.perf_counter())
+        times = [b - a for a, b in zip(stamps, stamps[1:])]
         if name.startswith("zerocomm"):
             states = sum(optimizer.model_state_bytes().values())
         peak = _peak_bytes() - base
@@ -240,7 +254,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=5, help="measured steps per variant")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (at least 1)")
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
     parser.add_argument("--bucket-numel", type=int, default=1 << 21)
     parser.add_argument("--timeout", type=float, default=600.0)
@@ -250,6 +264,8 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", metavar="PNG", help="bar charts of step time and per-rank peak memory")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     args = parser.parse_args(argv)
+    if args.warmup < 1:
+        parser.error(f"--warmup must be at least 1 (the last warm-up step counts the bytes sent), got {args.warmup}")
     shape = LMShape() if args.small else TinyLM.benchmark_size()
     args.shape = {field: getattr(shape, field) for field in LMShape.__dataclass_fields__}
     rows = []
