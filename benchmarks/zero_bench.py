@@ -202,6 +202,8 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
                 synchronize()
             stamps.append(time.perf_counter())
         times = [b - a for a, b in zip(stamps, stamps[1:])]
+        if args.trace and name.startswith("zerocomm"):
+            _trace_steps(args, rank, world, name, algorithm, data_model, model, optimizer, batches[:2])
         if name.startswith("zerocomm"):
             states = sum(optimizer.model_state_bytes().values())
         peak = _peak_bytes() - base
@@ -210,6 +212,27 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
         conn.send(("err", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _trace_steps(args, rank, world, name, algorithm, data_model, model, optimizer, batches) -> None:
+    """Two more steps under ``zerocomm.comm.profile()`` with forward / backward / step marked; rank 0 writes
+    the Chrome trace to ``args.trace/zero_trace_<stage>_<algorithm>_n<world>.json`` (open it in Perfetto)."""
+    import zerocomm.comm as dist
+
+    with dist.profile() as prof:
+        for x, y in batches:
+            with prof.span("forward"):
+                loss = loss_fn(data_model, model(x), y)
+            with prof.span("backward"):
+                loss.backward()
+            with prof.span("step"):
+                optimizer.step()
+                optimizer.zero_grad()
+        optimizer.synchronize()
+    if rank == 0:
+        os.makedirs(args.trace, exist_ok=True)
+        stage = name.rsplit(" ", 1)[1]
+        prof.export_chrome_trace(os.path.join(args.trace, f"zero_trace_stage{stage}_{algorithm}_n{world}.json"))
 
 
 def run_variant(world: int, name: str, algorithm, args) -> list:
@@ -263,6 +286,8 @@ def main(argv=None) -> int:
                         help="run only the variants whose 'name algorithm' contains one of these words")
     parser.add_argument("--plot", metavar="PNG", help="bar charts of step time and per-rank peak memory")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    parser.add_argument("--trace", metavar="DIR", help="after the measured steps, profile two more steps of every "
+                        "zerocomm variant and write rank 0's Chrome trace into DIR")
     args = parser.parse_args(argv)
     if args.warmup < 1:
         parser.error(f"--warmup must be at least 1 (the last warm-up step counts the bytes sent), got {args.warmup}")
