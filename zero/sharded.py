@@ -21,6 +21,15 @@ bytes and gathering resizes it back before the all_gather writes it, so views sa
 in forward (``weight.t()``) see the gathered values again in backward.  Between uses the
 parameters hold no data: read them through ``optimizer.gathered_parameters()``.
 
+[Note: the root unit]
+The model's own unit (its parameters outside every ``ModuleList``/``Sequential`` child: embeddings, the
+final norm, the head) runs first in forward and first in backward, which ends by reducing its gradients
+last.  So when a backward follows the forward (grad enabled), it is not released after the forward and
+not gathered again in backward: one all_gather of the root fewer per step, and the first backward
+prefetch (from the root to the last unit of forward) starts at once.  Traffic per step is therefore
+3Φ·(N−1)/N minus the root unit's share of one gather.  A grad-enabled forward that is never followed by
+a backward keeps the root gathered until the next backward ends.
+
 [Note: ranks that take different paths]
 Every rank must gather and reduce the same units in the same order, or the collectives pair up
 wrongly and hang.  With ``ZeroConfig.debug`` each gather and reduction first exchanges (unit,
@@ -97,6 +106,7 @@ class ShardedParameters:
         self.peak_live_numel = 0
         self.prefetches = 0
         """Gathers started ahead of the unit that needed them."""
+        self._root_unit: Optional[int] = None  # the unit of the model itself, if it owns parameters
 
     @staticmethod
     def plan(model: nn.Module, named: list, config: ZeroConfig, world_size: int) -> tuple[list, list, list]:
@@ -205,6 +215,8 @@ class ShardedParameters:
         if not self._order_known or after not in self._position_in_order:
             return
         position = self._position_in_order[after] + direction
+        if position < 0 and after == self._root_unit:
+            position = len(self._order) - 1  # backward leaves the root's head for the last unit of forward
         budget, depth = self.config.stage3_prefetch_bucket_numel, self.config.stage3_prefetch_depth
         while 0 <= position < len(self._order) and budget > 0 and depth > 0:
             u = self._order[position]
@@ -220,17 +232,16 @@ class ShardedParameters:
     # -- hooks ------------------------------------------------------------------------------------
     def install(self, model: nn.Module) -> list:
         handles = []
-        root_unit = None
         for u, plan in enumerate(self.units):
             if plan.persistent:
                 continue
             if plan.module is model:
-                root_unit = u
+                self._root_unit = u
             else:
                 handles.append(plan.module.register_forward_pre_hook(self._unit_pre_forward(u)))
             handles.append(plan.module.register_forward_hook(self._unit_post_forward(u)))
-        if root_unit is not None:
-            handles.append(model.register_forward_pre_hook(self._unit_pre_forward(root_unit)))
+        if self._root_unit is not None:
+            handles.append(model.register_forward_pre_hook(self._unit_pre_forward(self._root_unit)))
         handles.append(model.register_forward_hook(self._after_root_forward))
         return handles
 
@@ -248,21 +259,27 @@ class ShardedParameters:
     def _unit_post_forward(self, u: int):
         def hook(module, args, output):
             tensors = [t for t in _tensors(output) if t.requires_grad]
-            if torch.is_grad_enabled() and tensors:
+            backward_follows = torch.is_grad_enabled() and bool(tensors)
+            if backward_follows:
                 torch.autograd.graph.register_multi_grad_hook(tensors, lambda grads: self._pre_backward(u),
                                                               mode="any")
-            self._release(u)
+            if not (backward_follows and u == self._root_unit):
+                self._release(u)
         return hook
 
     def _after_root_forward(self, module, args, output):
-        """The forward is over: the first one fixes the prefetch order; only the persistent unit stays."""
+        """The forward is over: the first one fixes the prefetch order; the persistent unit stays, and so
+        does the root unit when a backward follows (see the note on the root unit)."""
         if not self._order_known:
             self._order_known = True
             self._position_in_order = {unit: i for i, unit in reversed(list(enumerate(self._order)))}
         for u in range(len(self.units)):
-            self._release(u)
+            if u != self._root_unit or self._state[u] is not UnitState.GATHERED or not torch.is_grad_enabled():
+                self._release(u)
 
     def _pre_backward(self, u: int) -> None:
+        if u == self._root_unit and self._state[u] is UnitState.GATHERED:
+            self._check_path(u, "backward")  # kept from forward: no gather, but the ranks still compare paths
         self._gather(u, "backward")
         self._prefetch(u, -1, "backward")
 

@@ -29,8 +29,10 @@ def _step(model, optimizer, step: int) -> None:
 def _sizes(optimizer) -> dict:
     persistent = sum(layout.padded_numel for layout, unit in zip(optimizer.layouts, optimizer.parameters.units)
                      if unit.persistent)
+    root = sum(layout.padded_numel for layout, unit in zip(optimizer.layouts, optimizer.parameters.units)
+               if unit.name == "" and not unit.persistent)
     return {"phi": sum(p.numel() for p in optimizer.params), "padded": sum(l.padded_numel for l in optimizer.layouts),
-            "persistent": persistent, "units": len(optimizer.layouts)}
+            "persistent": persistent, "root": root, "units": len(optimizer.layouts)}
 
 
 def state_bytes(precision: str = "fp32") -> dict:
