@@ -2,8 +2,8 @@
 
 ``initialize(model, optimizer_factory, config, group=None) -> (model, optimizer)``; see
 initialize.py for the training loop, config.py for the settings (and the DeepSpeed keys read),
-stages.py for the table of parts each stage is made of, optimizer.py for the wrapper that composes them, checkpoint.py for ``optimizer.save`` /
-``optimizer.load`` (any world size) and consolidate.py for ``consolidate`` and its command line.
+stages.py for the table of parts each stage is made of, optimizer.py for the wrapper that composes them,
+checkpoint.py for ``optimizer.save`` / ``optimizer.load`` (any world size) and consolidate.py for ``consolidate`` and its command line.
 """
 from .config import ZeroConfig
 from .errors import CheckpointError, ZeroConfigError, ZeroError, ZeroStateError

@@ -19,8 +19,8 @@ COMM_ALGORITHMS = ("native", "ring", "tree", "auto")
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ZeroConfig:
     stage: int = 2
-    """A ``Stage`` or its number.  0: data parallel (all_reduce of gradient buckets); 1: shard optimizer state; 2: also shard
-    gradients; 3: also shard parameters."""
+    """A ``Stage`` or its number.  0: data parallel (all_reduce of gradient buckets); 1: shard optimizer state;
+    2: also shard gradients; 3: also shard parameters."""
     reduce_bucket_numel: int = 1 << 22
     """Elements per gradient bucket (a group of gradients reduced in one collective).  Parameters
     are never split across buckets, so a larger parameter makes a bucket of its own."""

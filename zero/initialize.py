@@ -9,8 +9,8 @@
         optimizer.zero_grad()
 
 The model is returned as it came (the same module, with hooks added and its parameters turned into
-views of a flat buffer); the optimizer is a ``ZeroOptimizer`` (its parts chosen by the stage) with ``step``, ``zero_grad``,
-``model_state_bytes``, ``synchronize`` and the torch optimizer over this rank's master shards as
+views of a flat buffer); the optimizer is a ``ZeroOptimizer`` (its parts chosen by the stage) with ``step``,
+``zero_grad``, ``model_state_bytes``, ``synchronize`` and the torch optimizer over this rank's master shards as
 ``optimizer.optimizer`` (build learning-rate schedulers on that one).
 """
 from __future__ import annotations

@@ -39,7 +39,8 @@ def test_stage3_moves_three_phi_per_step(world):
         # persistent unit (after the step) once.
         root = seen["root"]
         assert root > 0
-        assert seen["sent"] == {"all_gather": FP32 * (2 * (padded - persistent - root) + root + persistent) * (n - 1) // n,
+        gathered = 2 * (padded - persistent - root) + root + persistent
+        assert seen["sent"] == {"all_gather": FP32 * gathered * (n - 1) // n,
                                 "reduce_scatter": FP32 * padded * (n - 1) // n}
 
 
