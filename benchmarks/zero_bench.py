@@ -278,6 +278,8 @@ def main(argv=None) -> int:
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=5, help="measured steps per variant")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (at least 1)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds over the variants (interleaved); step ms is "
+                        "the median over rounds")
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
     parser.add_argument("--bucket-numel", type=int, default=1 << 21)
     parser.add_argument("--timeout", type=float, default=600.0)
@@ -295,18 +297,30 @@ def main(argv=None) -> int:
     args.shape = {field: getattr(shape, field) for field in LMShape.__dataclass_fields__}
     rows = []
     for world in args.world_sizes:
-        for name, algorithm in VARIANTS:
-            if args.only and not any(word in f"{name} {algorithm}" for word in args.only):
-                continue
-            reports = run_variant(world, name, algorithm, args)
-            rows.append(summarize(world, name, algorithm, reports))
-            print(" | ".join(str(cell) for cell in rows[-1]), file=sys.stderr, flush=True)
+        chosen = [(name, algorithm) for name, algorithm in VARIANTS
+                  if not args.only or any(word in f"{name} {algorithm}" for word in args.only)]
+        # With --repeat R the variants run round after round (interleaved, so that a stretch of load from
+        # elsewhere hits every variant alike); a row reports the median over rounds of the step time.
+        rounds: dict = {variant: [] for variant in chosen}
+        for round_index in range(args.repeat):
+            for name, algorithm in chosen:
+                reports = run_variant(world, name, algorithm, args)
+                row = summarize(world, name, algorithm, reports)
+                rounds[(name, algorithm)].append(row)
+                print(f"round {round_index + 1}: " + " | ".join(str(cell) for cell in row), file=sys.stderr, flush=True)
+        for variant in chosen:
+            row = list(rounds[variant][-1])
+            row[3] = f"{statistics.median(float(r[3]) for r in rounds[variant]):.0f}"
+            rows.append(row)
     phi = reports[0]["phi"]
     from tabulate import tabulate
 
     print(f"TinyLM {shape}: Φ = {phi:,} parameters, fp32, Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
           f"gloo, {os.cpu_count()} cores")
-    headers = ["N", "variant", "algorithm", "step ms", "peak MiB", "model states MiB", "sent/step MiB"]
+    ddp = {row[0]: float(row[3]) for row in rows if row[1] == "torch DDP"}
+    for row in rows:  # step time over torch DDP's at the same world size, when DDP ran
+        row.insert(4, f"{float(row[3]) / ddp[row[0]]:.2f}" if row[0] in ddp else "-")
+    headers = ["N", "variant", "algorithm", "step ms", "× DDP", "peak MiB", "model states MiB", "sent/step MiB"]
     print(tabulate(rows, headers=headers, tablefmt="github"))
     if args.json:
         import json
@@ -329,7 +343,7 @@ def plot(rows: list, path: str) -> None:
         mine = [row for row in rows if row[0] == world]
         labels = [f"{row[1]}" + (f" ({row[2]})" if row[2] != "-" else "") for row in mine]
         colors = ["tab:gray" if row[1].startswith("torch") else "tab:blue" for row in mine]
-        for axis, column, title in ((line[0], 3, "step time (ms)"), (line[1], 4, "per-rank peak memory (MiB)")):
+        for axis, column, title in ((line[0], 3, "step time (ms)"), (line[1], 5, "per-rank peak memory (MiB)")):
             axis.barh(labels, [float(row[column]) for row in mine], color=colors)
             axis.set_title(f"{title}, {world} ranks")
             axis.invert_yaxis()
