@@ -302,6 +302,10 @@ def main(argv=None) -> int:
         # With --repeat R the variants run round after round (interleaved, so that a stretch of load from
         # elsewhere hits every variant alike); a row reports the median over rounds of the step time.
         rounds: dict = {variant: [] for variant in chosen}
+        # A first, discarded run: on a shared machine the first variant after a pause was measured up to 2x
+        # slower in its first round (torch DDP, first in the list, looked 1215 ms against 610 ms a round later).
+        if chosen:
+            run_variant(world, *chosen[0], args)
         for round_index in range(args.repeat):
             for name, algorithm in chosen:
                 reports = run_variant(world, name, algorithm, args)
