@@ -5,8 +5,11 @@
 Every variant runs in freshly forked ranks (gloo over a FileStore in a temporary folder); all train
 the same seeded TinyLM on the same batches with Adam, fp32.
 
-``step ms``: the median over the measured steps (after warm-up) of the slowest rank's wall time
-for forward + backward + step (+ waiting for zerocomm's post-step all_gather).
+``step ms``: the median over the measured steps (after warm-up) of the slowest rank's wall time per
+step, steps run back to back as in training (forward + backward + step + zero_grad, from one step's
+start to the next's; the batches are made beforehand).  zerocomm's post-step all_gather is waited for
+where the next forward needs it, so it counts in the step that waits; the last step ends with
+``synchronize()``.
 ``peak MiB``: the rank's peak resident set during model construction, wrapping and training, above
 its resident set just before (Linux ``VmHWM`` reset through ``clear_refs``; lazily loaded kernels
 are warmed up first; glibc is told to return large freed blocks at once), the largest over ranks.
@@ -167,12 +170,11 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
                                                                    reduce_bucket_numel=args.bucket_numel,
                                                                    allgather_bucket_numel=args.bucket_numel))
             data_model, synchronize, barrier = model, optimizer.synchronize, dist.barrier
-        times = []
-        for step in range(args.warmup + args.steps):
-            x, y = batch_for(data_model, seed=0, rank=rank, step=step, batch_size=args.batch)
-            barrier()
-            start = time.perf_counter()
-            if name.startswith("zerocomm") and step == args.warmup:
+        batches = [batch_for(data_model, seed=0, rank=rank, step=step, batch_size=args.batch)
+                   for step in range(args.warmup + args.steps)]
+        for step in range(args.warmup):  # the last warm-up step also counts zerocomm's bytes
+            x, y = batches[step]
+            if name.startswith("zerocomm") and step == args.warmup - 1:
                 import zerocomm.comm as dist
                 with dist.count_bytes() as counter:
                     loss_fn(data_model, model(x), y).backward()
@@ -181,13 +183,27 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
                 sent = counter.bytes_sent
             else:
                 loss_fn(data_model, model(x), y).backward()
-                if name.startswith("torch") and step == args.warmup:
+                if name.startswith("torch") and step == args.warmup - 1:
                     states = _torch_states(model, optimizer)
                 optimizer.step()
-                synchronize()
             optimizer.zero_grad()
-            if step >= args.warmup:
-                times.append(time.perf_counter() - start)
+        synchronize()
+        barrier()
+        # Steps back to back, as in training: a step is timed from its start to the next one's, so work a
+        # step leaves in flight (zerocomm's post-step all_gather) is paid where it is waited for, in the
+        # next forward; the last step ends with a synchronize.
+        stamps = [time.perf_counter()]
+        for step in range(args.warmup, args.warmup + args.steps):
+            x, y = batches[step]
+            loss_fn(data_model, model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step == args.warmup + args.steps - 1:
+                synchronize()
+            stamps.append(time.perf_counter())
+        times = [b - a for a, b in zip(stamps, stamps[1:])]
+        if args.trace and name.startswith("zerocomm"):
+            _trace_steps(args, rank, world, name, algorithm, data_model, model, optimizer, batches[:2])
         if name.startswith("zerocomm"):
             states = sum(optimizer.model_state_bytes().values())
         peak = _peak_bytes() - base
@@ -196,6 +212,27 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
         conn.send(("err", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _trace_steps(args, rank, world, name, algorithm, data_model, model, optimizer, batches) -> None:
+    """Two more steps under ``zerocomm.comm.profile()`` with forward / backward / step marked; rank 0 writes
+    the Chrome trace to ``args.trace/zero_trace_<stage>_<algorithm>_n<world>.json`` (open it in Perfetto)."""
+    import zerocomm.comm as dist
+
+    with dist.profile() as prof:
+        for x, y in batches:
+            with prof.span("forward"):
+                loss = loss_fn(data_model, model(x), y)
+            with prof.span("backward"):
+                loss.backward()
+            with prof.span("step"):
+                optimizer.step()
+                optimizer.zero_grad()
+        optimizer.synchronize()
+    if rank == 0:
+        os.makedirs(args.trace, exist_ok=True)
+        stage = name.rsplit(" ", 1)[1]
+        prof.export_chrome_trace(os.path.join(args.trace, f"zero_trace_stage{stage}_{algorithm}_n{world}.json"))
 
 
 def run_variant(world: int, name: str, algorithm, args) -> list:
@@ -240,7 +277,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=5, help="measured steps per variant")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (at least 1)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds over the variants (interleaved); step ms is "
+                        "the median over rounds")
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
     parser.add_argument("--bucket-numel", type=int, default=1 << 21)
     parser.add_argument("--timeout", type=float, default=600.0)
@@ -249,23 +288,43 @@ def main(argv=None) -> int:
                         help="run only the variants whose 'name algorithm' contains one of these words")
     parser.add_argument("--plot", metavar="PNG", help="bar charts of step time and per-rank peak memory")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    parser.add_argument("--trace", metavar="DIR", help="after the measured steps, profile two more steps of every "
+                        "zerocomm variant and write rank 0's Chrome trace into DIR")
     args = parser.parse_args(argv)
+    if args.warmup < 1:
+        parser.error(f"--warmup must be at least 1 (the last warm-up step counts the bytes sent), got {args.warmup}")
     shape = LMShape() if args.small else TinyLM.benchmark_size()
     args.shape = {field: getattr(shape, field) for field in LMShape.__dataclass_fields__}
     rows = []
     for world in args.world_sizes:
-        for name, algorithm in VARIANTS:
-            if args.only and not any(word in f"{name} {algorithm}" for word in args.only):
-                continue
-            reports = run_variant(world, name, algorithm, args)
-            rows.append(summarize(world, name, algorithm, reports))
-            print(" | ".join(str(cell) for cell in rows[-1]), file=sys.stderr, flush=True)
+        chosen = [(name, algorithm) for name, algorithm in VARIANTS
+                  if not args.only or any(word in f"{name} {algorithm}" for word in args.only)]
+        # With --repeat R the variants run round after round (interleaved, so that a stretch of load from
+        # elsewhere hits every variant alike); a row reports the median over rounds of the step time.
+        rounds: dict = {variant: [] for variant in chosen}
+        # A first, discarded run: on a shared machine the first variant after a pause was measured up to 2x
+        # slower in its first round (torch DDP, first in the list, looked 1215 ms against 610 ms a round later).
+        if chosen:
+            run_variant(world, *chosen[0], args)
+        for round_index in range(args.repeat):
+            for name, algorithm in chosen:
+                reports = run_variant(world, name, algorithm, args)
+                row = summarize(world, name, algorithm, reports)
+                rounds[(name, algorithm)].append(row)
+                print(f"round {round_index + 1}: " + " | ".join(str(cell) for cell in row), file=sys.stderr, flush=True)
+        for variant in chosen:
+            row = list(rounds[variant][-1])
+            row[3] = f"{statistics.median(float(r[3]) for r in rounds[variant]):.0f}"
+            rows.append(row)
     phi = reports[0]["phi"]
     from tabulate import tabulate
 
     print(f"TinyLM {shape}: Φ = {phi:,} parameters, fp32, Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
           f"gloo, {os.cpu_count()} cores")
-    headers = ["N", "variant", "algorithm", "step ms", "peak MiB", "model states MiB", "sent/step MiB"]
+    ddp = {row[0]: float(row[3]) for row in rows if row[1] == "torch DDP"}
+    for row in rows:  # step time over torch DDP's at the same world size, when DDP ran
+        row.insert(4, f"{float(row[3]) / ddp[row[0]]:.2f}" if row[0] in ddp else "-")
+    headers = ["N", "variant", "algorithm", "step ms", "× DDP", "peak MiB", "model states MiB", "sent/step MiB"]
     print(tabulate(rows, headers=headers, tablefmt="github"))
     if args.json:
         import json
@@ -288,7 +347,7 @@ def plot(rows: list, path: str) -> None:
         mine = [row for row in rows if row[0] == world]
         labels = [f"{row[1]}" + (f" ({row[2]})" if row[2] != "-" else "") for row in mine]
         colors = ["tab:gray" if row[1].startswith("torch") else "tab:blue" for row in mine]
-        for axis, column, title in ((line[0], 3, "step time (ms)"), (line[1], 4, "per-rank peak memory (MiB)")):
+        for axis, column, title in ((line[0], 3, "step time (ms)"), (line[1], 5, "per-rank peak memory (MiB)")):
             axis.barh(labels, [float(row[column]) for row in mine], color=colors)
             axis.set_title(f"{title}, {world} ranks")
             axis.invert_yaxis()

@@ -2,8 +2,8 @@
 
 ``initialize(model, optimizer_factory, config, group=None) -> (model, optimizer)``; see
 initialize.py for the training loop, config.py for the settings (and the DeepSpeed keys read),
-stage0.py ... stage3.py for what each stage keeps and sends, checkpoint.py for ``optimizer.save`` /
-``optimizer.load`` (any world size) and consolidate.py for ``consolidate`` and its command line.
+stages.py for the table of parts each stage is made of, optimizer.py for the wrapper that composes them,
+checkpoint.py for ``optimizer.save`` / ``optimizer.load`` (any world size) and consolidate.py for ``consolidate`` and its command line.
 """
 from .config import ZeroConfig
 from .errors import CheckpointError, ZeroConfigError, ZeroError, ZeroStateError
@@ -11,8 +11,9 @@ from .initialize import as_config, initialize
 from .checkpoint import load_checkpoint, save_checkpoint
 from .consolidate import consolidate
 from .optimizer import ZeroOptimizer
+from .stages import STAGES, Stage
 
-__all__ = ["initialize", "as_config", "ZeroConfig", "ZeroOptimizer", "ZeroError", "ZeroConfigError",
+__all__ = ["initialize", "as_config", "ZeroConfig", "ZeroOptimizer", "Stage", "STAGES", "ZeroError", "ZeroConfigError",
            "ZeroStateError", "CheckpointError", "save_checkpoint", "load_checkpoint", "consolidate"]
 from .onebit_adam import OneBitAdam  # noqa: E402
 __all__ += ["OneBitAdam"]

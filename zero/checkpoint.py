@@ -81,26 +81,31 @@ def save_checkpoint(optimizer, path) -> Path:
     optimizer.synchronize()
     root = Path(path)
     group, rank, world = optimizer.group, optimizer.rank, optimizer.world_size
+    # Tensors handed to collectives live on the model's device (NCCL moves CUDA tensors only); what is
+    # written to disk is copied to the CPU, so a checkpoint loads on any device.
+    device = optimizer.master[0].device
     nonce = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64) if rank == 0 else torch.zeros(1, dtype=torch.int64)
+    nonce = nonce.to(device)
     dist.broadcast(nonce, group=group, group_src=0, algorithm=optimizer.algorithm)
     name = f"step-{optimizer.step_count:08d}"
     tmp = root / f"{name}.tmp-{int(nonce.item()):x}"
     if rank == 0:
         tmp.mkdir(parents=True, exist_ok=False)
     dist.barrier(group=group)
-    shard = {"rank": rank, "world_size": world, "masters": [m.detach().clone() for m in optimizer.master],
+    shard = {"rank": rank, "world_size": world, "masters": [m.detach().to("cpu", copy=True) for m in optimizer.master],
              "optimizer": optimizer.optimizer.state_dict()}
     if rank == 0:
         managed = {id(p) for p in optimizer.params}
-        shard["extras"] = {key: value.detach().clone() for key, value in
+        shard["extras"] = {key: value.detach().to("cpu", copy=True) for key, value in
                            optimizer.model.state_dict(keep_vars=True).items() if id(value) not in managed}
     target = tmp / shard_name(rank)
     torch.save(shard, target)
     with open(target, "rb+") as handle:
         os.fsync(handle.fileno())
-    sizes = torch.zeros(world, dtype=torch.int64)
-    dist.all_gather_into_tensor(sizes, torch.tensor([target.stat().st_size], dtype=torch.int64), group=group,
-                                algorithm=optimizer.algorithm)
+    sizes = torch.zeros(world, dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(sizes, torch.tensor([target.stat().st_size], dtype=torch.int64, device=device),
+                                group=group, algorithm=optimizer.algorithm)
+    sizes = sizes.tolist()
     final = root / name
     if rank == 0:
         meta = {"format": FORMAT, "stage": optimizer.stage, "world_size": world,

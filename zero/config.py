@@ -19,8 +19,8 @@ COMM_ALGORITHMS = ("native", "ring", "tree", "auto")
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ZeroConfig:
     stage: int = 2
-    """0: data parallel (all_reduce of gradient buckets); 1: shard optimizer state; 2: also shard
-    gradients; 3: also shard parameters."""
+    """A ``Stage`` or its number.  0: data parallel (all_reduce of gradient buckets); 1: shard optimizer state;
+    2: also shard gradients; 3: also shard parameters."""
     reduce_bucket_numel: int = 1 << 22
     """Elements per gradient bucket (a group of gradients reduced in one collective).  Parameters
     are never split across buckets, so a larger parameter makes a bucket of its own."""
@@ -62,8 +62,16 @@ class ZeroConfig:
     algorithm: Optional[str] = None
     """Communication algorithm for every ZeRO collective ("native", "ring", "tree", "auto"); None
     uses the process default of zerocomm.comm."""
+    wait_per_module: bool = True
+    """Stages 1-2: each module waits, in its forward pre-hook, only for the post-step all_gather of the
+    buckets holding its own parameters, so later buckets keep gathering while the first modules compute.
+    False: wait for every bucket before the model's forward (for models that read another module's
+    parameters before calling that module)."""
+    stage3_prefetch_depth: int = 2
+    """Stage 3: how many units ahead of the one computing are gathered (0: no prefetch), in forward and
+    in backward."""
     stage3_prefetch_bucket_numel: int = 1 << 22
-    """Stage 3: elements of parameters gathered ahead of the unit that is computing."""
+    """Stage 3: at most this many parameter elements are prefetched ahead of the unit that is computing."""
     stage3_param_persistence_threshold: int = 10_000
     """Stage 3: parameters with fewer elements stay gathered on every rank."""
     stage3_max_live_parameters: int = 1 << 27
@@ -82,9 +90,10 @@ class ZeroConfig:
                      "shard_alignment", "loss_scale_window", "hysteresis", "stage3_prefetch_bucket_numel",
                      "stage3_max_live_parameters"):
             _check_int(name, getattr(self, name), minimum=1)
-        for name in ("max_inflight_buckets", "initial_scale_power", "stage3_param_persistence_threshold"):
+        for name in ("max_inflight_buckets", "initial_scale_power", "stage3_param_persistence_threshold",
+                     "stage3_prefetch_depth"):
             _check_int(name, getattr(self, name), minimum=0)
-        for name in ("overlap_comm", "reduce_scatter", "debug"):
+        for name in ("overlap_comm", "reduce_scatter", "debug", "wait_per_module"):
             if not isinstance(getattr(self, name), bool):
                 raise ZeroConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("gradient_clipping", "loss_scale"):

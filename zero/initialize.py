@@ -9,8 +9,8 @@
         optimizer.zero_grad()
 
 The model is returned as it came (the same module, with hooks added and its parameters turned into
-views of a flat buffer); the optimizer is a stage object with ``step``, ``zero_grad``,
-``model_state_bytes``, ``synchronize`` and the torch optimizer over this rank's master shards as
+views of a flat buffer); the optimizer is a ``ZeroOptimizer`` (its parts chosen by the stage) with ``step``,
+``zero_grad``, ``model_state_bytes``, ``synchronize`` and the torch optimizer over this rank's master shards as
 ``optimizer.optimizer`` (build learning-rate schedulers on that one).
 """
 from __future__ import annotations
@@ -22,12 +22,6 @@ from torch import nn
 from .config import ZeroConfig
 from .errors import ZeroConfigError
 from .optimizer import OptimizerFactory, ZeroOptimizer
-from .stage0 import Stage0Optimizer
-from .stage1 import Stage1Optimizer
-from .stage2 import Stage2Optimizer
-from .stage3 import Stage3Optimizer
-
-STAGES = {0: Stage0Optimizer, 1: Stage1Optimizer, 2: Stage2Optimizer, 3: Stage3Optimizer}
 
 
 def as_config(config: Union[ZeroConfig, Mapping[str, Any], None]) -> ZeroConfig:
@@ -58,4 +52,4 @@ def initialize(model: nn.Module, optimizer_factory: OptimizerFactory,
     if not callable(optimizer_factory):
         raise ZeroConfigError(f"optimizer_factory must be callable (params -> optimizer), got "
                               f"{type(optimizer_factory).__name__}")
-    return model, STAGES[config.stage](model, optimizer_factory, config, group)
+    return model, ZeroOptimizer(model, optimizer_factory, config, group)

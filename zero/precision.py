@@ -33,8 +33,10 @@ def compute_dtype(config: ZeroConfig) -> torch.dtype:
 
 
 def sum_of_squares(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    """Σ x² over every element, accumulated in float64 (a 1-element float64 tensor)."""
-    total = torch.zeros(1, dtype=torch.float64)
+    """Σ x² over every element, accumulated in float64: a 1-element float64 tensor on the tensors'
+    device (CUDA gradients give a CUDA total that NCCL can reduce; no tensors give a CPU zero)."""
+    tensors = list(tensors)
+    total = torch.zeros(1, dtype=torch.float64, device=tensors[0].device if tensors else "cpu")
     for tensor in tensors:
         if tensor.numel():
             total += torch.sum(tensor.detach().to(torch.float64).square())

@@ -27,10 +27,12 @@ def _step(model, optimizer, step: int) -> None:
 
 
 def _sizes(optimizer) -> dict:
-    persistent = sum(layout.padded_numel for layout, unit in zip(optimizer.layouts, optimizer.units)
+    persistent = sum(layout.padded_numel for layout, unit in zip(optimizer.layouts, optimizer.parameters.units)
                      if unit.persistent)
+    root = sum(layout.padded_numel for layout, unit in zip(optimizer.layouts, optimizer.parameters.units)
+               if unit.name == "" and not unit.persistent)
     return {"phi": sum(p.numel() for p in optimizer.params), "padded": sum(l.padded_numel for l in optimizer.layouts),
-            "persistent": persistent, "units": len(optimizer.layouts)}
+            "persistent": persistent, "root": root, "units": len(optimizer.layouts)}
 
 
 def state_bytes(precision: str = "fp32") -> dict:
@@ -63,9 +65,10 @@ def live_bound(max_live: int) -> dict:
     model, optimizer = _lm_stage3(n_layers=4, stage3_max_live_parameters=max_live, algorithm="native")
     for step in range(3):
         _step(model, optimizer, step)
-    sizes = [layout.padded_numel for layout, unit in zip(optimizer.layouts, optimizer.units) if not unit.persistent]
-    out = {"peak": optimizer.peak_live_numel, "prefetches": optimizer.prefetches, "sizes": sizes,
-           "root": sizes[0] if optimizer.units[0].name == "" else 0, "live_now": optimizer.live_numel}
+    units = optimizer.parameters  # stage 3's part that gathers and releases units
+    sizes = [layout.padded_numel for layout, unit in zip(optimizer.layouts, units.units) if not unit.persistent]
+    out = {"peak": units.peak_live_numel, "prefetches": units.prefetches, "sizes": sizes,
+           "root": sizes[0] if units.units[0].name == "" else 0, "live_now": units.live_numel}
     optimizer.remove_hooks()
     return out
 

@@ -10,7 +10,9 @@ zerocomm.zero — and applies the same optimizer to its full parameters.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 
 import torch
 from torch import nn
@@ -290,3 +292,45 @@ def state_error_case() -> tuple:
     optimizer.step()  # consume the first backward so every rank leaves in step
     optimizer.remove_hooks()
     return result
+
+
+def overlap_trace(stage: int, path: str = "", **fields) -> dict:
+    """Two measured steps of a 4-block LM under ``dist.profile()``, forward / backward / step marked as spans.
+
+    Returns, per collective kind, the (start, end) of every record, the spans, and ``"embedding"``: when
+    the token embedding (the first module of the forward) started computing in each step, all relative to
+    the first span's start (seconds); with ``path`` rank 0 also writes the Chrome trace there."""
+    rank = dist.get_rank()
+    model = build_model("lm", 0, d_model=64, n_heads=2, n_layers=4)
+    config = ZeroConfig(stage=stage, reduce_bucket_numel=20_000, allgather_bucket_numel=20_000, algorithm="ring",
+                        stage3_param_persistence_threshold=100, **fields)
+    model, optimizer = initialize(model, adam, config)
+    starts = []
+    # Registered after initialize, so it runs after ZeRO's own pre-hook on the module (the wait for its bucket).
+    model.tok.register_forward_pre_hook(lambda module, args: starts.append(time.perf_counter()))
+
+    def one_step(step, prof=None):
+        x, y = batch_for(model, seed=0, rank=rank, step=step)
+        spans = prof.span if prof is not None else (lambda name: contextlib.nullcontext())
+        with spans("forward"):
+            loss = loss_fn(model, model(x), y)
+        with spans("backward"):
+            loss.backward()
+        with spans("step"):
+            optimizer.step()
+            optimizer.zero_grad()
+
+    one_step(0)  # stage 3 records its units' order in the first forward
+    with dist.profile() as prof:
+        for step in (1, 2):
+            one_step(step, prof)
+        optimizer.synchronize()
+    optimizer.remove_hooks()
+    if path and rank == 0:
+        prof.export_chrome_trace(path)
+    origin = prof.spans[0][1]
+    out = {"spans": [(name, start - origin, end - origin) for name, start, end, _ in prof.spans],
+           "embedding": [t - origin for t in starts[-2:]]}
+    for record in prof.records:
+        out.setdefault(record.op, []).append((record.start_s - origin, record.end_s - origin))
+    return out

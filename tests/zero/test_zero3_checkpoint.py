@@ -35,8 +35,12 @@ def test_stage3_moves_three_phi_per_step(world):
     for seen in world.run(zero3_checks.traffic):
         padded, persistent = seen["padded"], seen["persistent"]
         assert seen["measured"]
-        # Gathered in forward and again in backward; the persistent unit once, after the step.
-        assert seen["sent"] == {"all_gather": FP32 * (2 * (padded - persistent) + persistent) * (n - 1) // n,
+        # Gathered in forward and again in backward; the root unit (kept from forward into backward) and the
+        # persistent unit (after the step) once.
+        root = seen["root"]
+        assert root > 0
+        gathered = 2 * (padded - persistent - root) + root + persistent
+        assert seen["sent"] == {"all_gather": FP32 * gathered * (n - 1) // n,
                                 "reduce_scatter": FP32 * padded * (n - 1) // n}
 
 

@@ -118,3 +118,41 @@ def test_backward_twice_before_step_is_a_state_error(world):
     for name, message in world.run(zero_checks.state_error_case):
         assert name == "ZeroStateError"
         assert "before optimizer.step()" in message and "rank" in message
+
+
+def _end_of_first_gathers(seen) -> float:
+    """When the last all_gather launched by step 1 (before step 2's own step began) ended."""
+    return max(end for start, end in seen["all_gather"] if start < seen["spans"][5][1])
+
+
+def _overlaps(interval, span) -> bool:
+    return interval[0] < span[2] and interval[1] > span[1]
+
+
+@pytest.mark.parametrize("world", worlds(backends=("gloo",), sizes=(2,)), indirect=True)
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_profiler_trace_shows_communication_under_compute(world, stage):
+    # Steps 1 and 2 of support/zero_checks.overlap_trace: spans forward, backward, step, forward, backward, step.
+    for rank, seen in enumerate(world.run(zero_checks.overlap_trace, stage)):
+        if stage < 3:  # the first module computed while a later bucket's all_gather was still running
+            assert _end_of_first_gathers(seen) > seen["embedding"][1], (rank, seen)
+        spans = seen["spans"]
+        assert [name for name, _, _ in spans] == ["forward", "backward", "step"] * 2, spans
+        backward, second_forward = spans[1], spans[3]
+        where = f"rank {rank}, stage {stage}"
+        assert any(_overlaps(rs, backward) for rs in seen["reduce_scatter"]), \
+            f"{where}: no reduce_scatter ran during backward {backward}: {seen['reduce_scatter']}"
+        # Stages 1-2: step 1's all_gather is still running when step 2's forward begins (each module waits
+        # only for its own buckets).  Stage 3: units are gathered (prefetched) while forward computes.
+        assert any(_overlaps(ag, second_forward) for ag in seen["all_gather"]), \
+            f"{where}: no all_gather ran during the forward {second_forward}: {seen['all_gather']}"
+        if stage == 3:
+            assert any(_overlaps(ag, backward) for ag in seen["all_gather"]), \
+                f"{where}: no all_gather (prefetch) ran during backward {backward}: {seen['all_gather']}"
+
+
+@pytest.mark.parametrize("world", worlds(backends=("gloo",), sizes=(2,)), indirect=True)
+def test_waiting_at_the_root_finishes_every_gather_before_the_first_module(world):
+    # The counterpart of the check above: with wait_per_module=False nothing is gathered while modules compute.
+    for seen in world.run(zero_checks.overlap_trace, 2, wait_per_module=False):
+        assert _end_of_first_gathers(seen) <= seen["embedding"][1], seen

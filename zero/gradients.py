@@ -1,0 +1,291 @@
+"""Gradient buckets and the two ways a rank keeps reduced gradients (the "gradients" part).
+
+A *bucket* is a group of gradients reduced in one collective.  Its life in one boundary backward
+(the backward that ends a gradient-accumulation cycle)::
+
+    begin()            every slot is expected                 EXPECTING
+    add(pos, grad) ×k  copied into the bucket's buffer        (buffer taken on the first add)
+    launch()           the async collective starts            IN_FLIGHT
+    wait()             its Work is waited for                 REDUCED (a transient buffer is freed)
+    reset()            the step consumed the result           IDLE
+
+The bucket does not know which collective runs or where its buffer comes from: the gradients part
+that owns it does.  Two parts, chosen by ``GradientPlacement`` (see stages.py):
+
+* ``FullGradients`` (stages 0 and 1): one full-size buffer for every bucket, kept between steps;
+  each bucket is all-reduced, or reduce-scattered, in place.  Memory: Φ elements.
+* ``ShardedGradients`` (stages 2 and 3): a bucket's full-size buffer exists from its first gradient
+  to the end of its reduction, which writes this rank's chunk straight into the gradient shard.
+  Memory: Φ/N elements plus at most ``max_inflight_buckets`` bucket buffers during backward.
+
+Both average over ranks (``ReduceOp.AVG``).  Misuse raises ``ZeroStateError`` naming the rank, the
+bucket and the parameter.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+import time
+from typing import Callable, Optional
+
+import torch
+
+from .. import comm as dist
+from .errors import ZeroStateError
+from .partition import BucketLayout
+from .stages import Reduction
+
+#: ``acquire(layout) -> buffer``: a 1-D tensor of ``layout.padded_numel`` elements to copy gradients into.
+Acquire = Callable[[BucketLayout], torch.Tensor]
+#: ``reduce(layout, buffer) -> Work``: launch the collective on a filled buffer (async).
+Reduce = Callable[[BucketLayout, torch.Tensor], object]
+
+
+class BucketState(enum.Enum):
+    IDLE = "idle"
+    EXPECTING = "expecting gradients"
+    IN_FLIGHT = "in flight"
+    REDUCED = "reduced"
+
+
+def tensor_bytes(tensor: Optional[torch.Tensor]) -> int:
+    return 0 if tensor is None else tensor.numel() * tensor.element_size()
+
+
+def release_storage(tensor: Optional[torch.Tensor]) -> None:
+    """Free a finished collective's buffer now.  The communication layer may hold references to it a
+    while longer (an executor's last task, reference cycles only the garbage collector breaks), which
+    would keep every transient bucket alive; resizing the storage to zero frees the memory whoever
+    still refers to it.  Storages a backend pinned are left to the reference count."""
+    if tensor is not None and tensor.untyped_storage().resizable():
+        tensor.untyped_storage().resize_(0)
+
+
+class GradientBucket:
+    """Gradients of ``layout``'s parameters, reduced in one collective.
+
+    Args:
+        layout: the bucket's parameters and their offsets.
+        acquire: gives the buffer to fill, on the first ``add`` of a round.
+        reduce: launches the collective on the filled buffer and returns its ``Work``.
+        persistent: keep the buffer between rounds (a view of a full gradient buffer); otherwise it is
+            freed by ``wait``.
+        rank: this process's rank, for messages.
+    """
+
+    def __init__(self, layout: BucketLayout, *, acquire: Acquire, reduce: Reduce, persistent: bool,
+                 rank: int = 0):
+        self.layout = layout
+        self._acquire = acquire
+        self._reduce = reduce
+        self._persistent = persistent
+        self._rank = rank
+        self.buffer: Optional[torch.Tensor] = None
+        self._views: Optional[list] = None
+        self._pending: set = set()
+        self.work = None
+        self.state = BucketState.IDLE
+        self.launched_s: Optional[float] = None
+        """``time.perf_counter()`` of the last launch."""
+
+    def __repr__(self) -> str:
+        return (f"GradientBucket({self.layout.index}, {len(self.layout.slots)} params, "
+                f"{self.layout.padded_numel} elements, {self.state.value})")
+
+    def _where(self) -> str:
+        return f"rank {self._rank}: bucket {self.layout.index}"
+
+    def begin(self) -> None:
+        """Expect every parameter's gradient (the start of a boundary backward)."""
+        if self.state in (BucketState.EXPECTING, BucketState.IN_FLIGHT):
+            raise ZeroStateError(
+                f"{self._where()} is still {self.state.value} from the previous boundary backward: backward() ran "
+                f"again before optimizer.step() consumed the reduced gradients; call step() after every "
+                f"gradient_accumulation_steps backward passes")
+        self._pending = set(range(len(self.layout.slots)))
+        self.work = None
+        self.state = BucketState.EXPECTING
+
+    @property
+    def pending(self) -> set:
+        """Positions (in ``layout.slots``) whose gradients have not arrived this round."""
+        return set(self._pending)
+
+    def _slot_views(self) -> list:
+        if self.buffer is None:
+            buffer = self._acquire(self.layout)
+            if buffer.numel() != self.layout.padded_numel:
+                raise ZeroStateError(f"{self._where()}: acquire gave {buffer.numel()} elements, "
+                                     f"expected {self.layout.padded_numel}")
+            buffer[self.layout.numel:].zero_()  # padding reduces to zero and leaves the optimizer idle there
+            self.buffer = buffer
+            self._views = None
+        if self._views is None:
+            self._views = [self.buffer[s.offset:s.offset + s.numel].view(s.shape) for s in self.layout.slots]
+        return self._views
+
+    def add(self, position: int, grad: Optional[torch.Tensor]) -> bool:
+        """Copy ``grad`` (zeros if ``None``) into slot ``position``; True when the bucket is complete."""
+        if self.state is not BucketState.EXPECTING or position not in self._pending:
+            slot = self.layout.slots[position]
+            if self.state is not BucketState.EXPECTING:
+                raise ZeroStateError(f"{self._where()}: gradient of {slot.name!r} arrived while the bucket is "
+                                     f"{self.state.value} (expected {BucketState.EXPECTING.value})")
+            raise ZeroStateError(f"{self._where()}: gradient of {slot.name!r} arrived twice in one backward")
+        view = self._slot_views()[position]
+        with torch.no_grad():
+            if grad is None:
+                view.zero_()
+            else:
+                if grad.shape != view.shape:
+                    raise ZeroStateError(f"{self._where()}: gradient of {self.layout.slots[position].name!r} has "
+                                         f"shape {tuple(grad.shape)}, expected {tuple(view.shape)}")
+                view.copy_(grad)
+        self._pending.discard(position)
+        return not self._pending
+
+    def launch(self) -> None:
+        """Start the reduction (asynchronously); every slot must have arrived."""
+        if self.state is not BucketState.EXPECTING or self._pending:
+            missing = [self.layout.slots[p].name for p in sorted(self._pending)]
+            raise ZeroStateError(f"{self._where()}: launch while {self.state.value} with gradients of {missing} "
+                                 f"missing")
+        self._slot_views()
+        self.launched_s = time.perf_counter()
+        self.work = self._reduce(self.layout, self.buffer)
+        self.state = BucketState.IN_FLIGHT
+
+    def is_completed(self) -> bool:
+        return self.state is BucketState.REDUCED or (self.state is BucketState.IN_FLIGHT and
+                                                     (self.work is None or self.work.is_completed()))
+
+    def wait(self) -> None:
+        """Wait for the reduction (no-op unless in flight); raises its error (a ``CommError``)."""
+        if self.state is not BucketState.IN_FLIGHT:
+            return
+        if self.work is not None:
+            self.work.wait()
+        self.work = None
+        self.state = BucketState.REDUCED
+        if not self._persistent:
+            release_storage(self.buffer)
+            self.buffer = None
+            self._views = None
+
+    def reset(self) -> None:
+        """Back to idle after the step consumed the reduced gradients."""
+        if self.state is BucketState.IN_FLIGHT:
+            raise ZeroStateError(f"{self._where()}: reset while its reduction is in flight")
+        self.state = BucketState.IDLE
+        self._pending = set()
+
+
+class _ThenWork:
+    """A ``Work`` whose ``wait`` also runs ``then`` once (copying a chunk out of an all-reduced buffer)."""
+
+    def __init__(self, work, then):
+        self._work, self._then = work, then
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def wait(self) -> bool:
+        self._work.wait()
+        if self._then is not None:
+            self._then()
+            self._then = None
+        return True
+
+
+class FullGradients:
+    """A persistent full-size gradient buffer; every bucket reduced in place (stages 0 and 1).
+
+    ``reduced(layout)`` is the part of the bucket this rank's optimizer updates (``owned(layout)``:
+    the whole bucket when the optimizer state is not sharded, the rank's chunk otherwise).
+    """
+
+    persistent = True
+
+    def __init__(self, layouts: list, *, dtype: torch.dtype, device: torch.device, reduction: Reduction,
+                 owned: Callable[[BucketLayout], tuple], rank: int, group=None, algorithm: Optional[str] = None):
+        self.layouts, self.dtype, self.device = layouts, dtype, device
+        self.reduction, self.owned, self.rank = reduction, owned, rank
+        self.group, self.algorithm = group, algorithm
+        self.buffer: Optional[torch.Tensor] = None  # allocated by the first boundary backward
+        # Index arithmetic done once: the step's path stays inside this file.
+        self._chunk = [layout.chunk_bounds(rank) for layout in layouts]
+        self._owned = [(layout.offset + owned(layout)[0], layout.offset + owned(layout)[1]) for layout in layouts]
+        self._numel = sum(layout.padded_numel for layout in layouts)
+
+    def acquire(self, layout: BucketLayout) -> torch.Tensor:
+        if self.buffer is None:
+            self.buffer = torch.zeros(self._numel, dtype=self.dtype, device=self.device)
+        return self.buffer[layout.offset:layout.offset + layout.padded_numel]
+
+    def reduce(self, layout: BucketLayout, buffer: torch.Tensor):
+        if self.reduction is Reduction.ALL_REDUCE:
+            return dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=self.group, async_op=True,
+                                   algorithm=self.algorithm)
+        lo, hi = self._chunk[layout.index]
+        return dist.reduce_scatter_tensor(buffer[lo:hi], buffer, op=dist.ReduceOp.AVG, group=self.group,
+                                          async_op=True, algorithm=self.algorithm)
+
+    def reduced(self, layout: BucketLayout) -> torch.Tensor:
+        lo, hi = self._owned[layout.index]
+        return self.buffer[lo:hi]
+
+    def end_step(self) -> None:
+        pass
+
+    def nbytes(self, buckets) -> int:
+        return tensor_bytes(self.buffer)
+
+
+class ShardedGradients:
+    """This rank's reduced gradient shard; bucket buffers only while they are reduced (stages 2, 3).
+
+    At most ``max_inflight`` bucket buffers exist at once (0: unbounded): taking another first frees
+    the reductions that have finished, then waits for the oldest.
+    """
+
+    persistent = False
+
+    def __init__(self, layouts: list, *, dtype: torch.dtype, device: torch.device, reduction: Reduction,
+                 max_inflight: int, rank: int, group=None, algorithm: Optional[str] = None):
+        self.layouts, self.dtype, self.device = layouts, dtype, device
+        self.reduction, self.rank = reduction, rank
+        self.group, self.algorithm = group, algorithm
+        self.shard = torch.zeros(sum(l.chunk_numel for l in layouts), dtype=dtype, device=device)
+        self.max_inflight = max_inflight
+        self.buckets: list = []  # set by the optimizer once the buckets exist
+        self._inflight: collections.deque = collections.deque()
+        self._chunk = [layout.chunk_bounds(rank) for layout in layouts]
+        self._shard_range = [(layout.shard_offset, layout.shard_offset + layout.chunk_numel) for layout in layouts]
+
+    def acquire(self, layout: BucketLayout) -> torch.Tensor:
+        while self._inflight and self._inflight[0].is_completed():
+            self._inflight.popleft().wait()
+        while self.max_inflight and len(self._inflight) >= self.max_inflight:
+            self._inflight.popleft().wait()
+        return torch.empty(layout.padded_numel, dtype=self.dtype, device=self.device)
+
+    def reduce(self, layout: BucketLayout, buffer: torch.Tensor):
+        self._inflight.append(self.buckets[layout.index])
+        out = self.reduced(layout)
+        if self.reduction is Reduction.REDUCE_SCATTER:
+            return dist.reduce_scatter_tensor(out, buffer, op=dist.ReduceOp.AVG, group=self.group,
+                                              async_op=True, algorithm=self.algorithm)
+        work = dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=self.group, async_op=True,
+                               algorithm=self.algorithm)
+        lo, hi = self._chunk[layout.index]
+        return _ThenWork(work, lambda: out.copy_(buffer[lo:hi]))
+
+    def reduced(self, layout: BucketLayout) -> torch.Tensor:
+        lo, hi = self._shard_range[layout.index]
+        return self.shard[lo:hi]
+
+    def end_step(self) -> None:
+        self._inflight.clear()
+
+    def nbytes(self, buckets) -> int:
+        return tensor_bytes(self.shard) + sum(tensor_bytes(bucket.buffer) for bucket in buckets)

@@ -1,0 +1,107 @@
+"""Where the optimizer's state lives: float32 masters of this rank's elements, and the torch optimizer.
+
+``DeviceOptimizerState`` keeps them on the parameters' device.  Its methods are the whole contract
+the wrapper uses, so an offloading variant (masters and moments in host memory or on disk, the
+gradient shard copied there before ``step`` and the updated values copied back in ``write_back``)
+is one more class with the same methods and one more ``StatePlacement`` member.
+
+[Note: masters that are the parameters]
+In fp32 the master of a bucket is a view of the parameters' own storage (no copy): the optimizer
+updates the parameters in place, and ``write_back`` has nothing to do.  In bf16/fp16 the masters
+are float32 copies and ``write_back`` rounds them into the parameters' storage after each step.
+Each master is one flat tensor (a bucket's owned elements), so the optimizer runs one kernel per
+bucket instead of one per parameter.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .errors import ZeroConfigError
+from .gradients import tensor_bytes
+
+#: ``optimizer_factory(params) -> torch.optim.Optimizer``, called with this rank's float32 master shards.
+OptimizerFactory = Callable[[list], torch.optim.Optimizer]
+
+
+class DeviceOptimizerState:
+    """This rank's float32 masters (one flat tensor per bucket) and the optimizer over them.
+
+    Args:
+        param_shards: per bucket, the elements this rank updates, in the parameters' storage.
+        full32: per bucket, the same elements in float32 (used when the parameters are not float32;
+            ``None`` otherwise).
+        factory: builds the torch optimizer over the masters.
+        rank: for messages.
+    """
+
+    def __init__(self, param_shards: Sequence[torch.Tensor], full32: Optional[Sequence[torch.Tensor]],
+                 factory: OptimizerFactory, rank: int):
+        self.rank = rank
+        self.aliased = full32 is None
+        if self.aliased:
+            self.masters = [nn.Parameter(shard) for shard in param_shards]
+        else:
+            self.masters = [nn.Parameter(values.detach().clone()) for values in full32]
+        self.optimizer = factory(list(self.masters))
+        if not hasattr(self.optimizer, "step") or not hasattr(self.optimizer, "param_groups"):
+            raise ZeroConfigError(f"optimizer_factory must return a torch.optim.Optimizer, got "
+                                  f"{type(self.optimizer).__name__}")
+        given = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        if given != {id(m) for m in self.masters}:
+            raise ZeroConfigError(f"rank {rank}: optimizer_factory must build its optimizer over exactly the "
+                                  f"{len(self.masters)} master shards it is given, got {len(given)} other tensors")
+
+    def set_gradients(self, grads: Sequence[torch.Tensor], factor: float) -> list:
+        """Give every master its gradient (``grads`` per bucket, in the parameters' dtype) times ``factor``;
+        returns the masters' gradients.  A float32 gradient is used in place (it is the reduced shard)."""
+        out = []
+        for master, grad in zip(self.masters, grads):
+            if grad.dtype == master.dtype:
+                if factor != 1.0:
+                    grad.mul_(factor)
+            else:
+                grad = grad.to(master.dtype).mul_(factor)
+            master.grad = grad
+            out.append(grad)
+        return out
+
+    def scale_gradients(self, coefficient: float) -> None:
+        for master in self.masters:
+            master.grad.mul_(coefficient)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def write_back(self, param_shards: Sequence[torch.Tensor]) -> None:
+        """Mixed precision: round the masters into the parameters' storage (fp32: they are that storage)."""
+        if not self.aliased:
+            with torch.no_grad():
+                for shard, master in zip(param_shards, self.masters):
+                    shard.copy_(master.detach())
+
+    def read_from(self, param_shards: Sequence[torch.Tensor]) -> None:
+        """Mixed precision: take the masters' values from the parameters (after they were set from outside)."""
+        if not self.aliased:
+            with torch.no_grad():
+                for shard, master in zip(param_shards, self.masters):
+                    master.copy_(shard)
+
+    def clear_gradients(self) -> None:
+        if not self.aliased:
+            for master in self.masters:
+                master.grad = None  # the float32 gradient copy lives only during the step
+
+    def nbytes(self, param_storages: set) -> int:
+        """Bytes of masters and optimizer state, leaving out masters that are the parameters' storage."""
+        seen, total = set(), 0
+        candidates = list(self.masters) + [value for state in self.optimizer.state.values()
+                                           for value in state.values() if isinstance(value, torch.Tensor)]
+        for tensor in candidates:
+            if tensor.untyped_storage().data_ptr() in param_storages or tensor.data_ptr() in seen:
+                continue
+            seen.add(tensor.data_ptr())
+            total += tensor_bytes(tensor)
+        return total

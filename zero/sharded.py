@@ -1,0 +1,344 @@
+"""Sharded parameters: a rank keeps only its shard; each unit is gathered around its use (stage 3).
+
+A *unit* (units.py) is a module whose parameters form one bucket.  Life of a unit in one step::
+
+    forward pre-hook     all_gather its full parameters (or wait for the prefetch); prefetch
+                         the next units of the recorded forward order
+    forward post-hook    release (free the full buffer's storage); hook its outputs so that
+    pre-backward hook    ... the gradient reaching them gathers the unit again, and prefetches
+                         the units before it in forward order
+    reduction launched   every use of the unit in this backward produced its gradient: release
+    step                 the optimizer updates the shard in place; the persistent unit is
+                         all-gathered (the others are gathered by the next forward)
+
+Prefetching looks ``stage3_prefetch_depth`` units ahead (and at most
+``stage3_prefetch_bucket_numel`` elements), and stops while more than
+``stage3_max_live_parameters`` gathered elements are live.
+
+[Note: release frees the storage, not the tensors]
+Parameters are views of their unit's full buffer.  Releasing resizes the buffer's storage to zero
+bytes and gathering resizes it back before the all_gather writes it, so views saved by autograd
+in forward (``weight.t()``) see the gathered values again in backward.  Between uses the
+parameters hold no data: read them through ``optimizer.gathered_parameters()``.
+
+[Note: the root unit]
+The model's own unit (its parameters outside every ``ModuleList``/``Sequential`` child: embeddings, the
+final norm, the head) runs first in forward and first in backward, which ends by reducing its gradients
+last.  So when a backward follows the forward (grad enabled), it is not released after the forward and
+not gathered again in backward: one all_gather of the root fewer per step, and the first backward
+prefetch (from the root to the last unit of forward) starts at once.  Traffic per step is therefore
+3Φ·(N−1)/N minus the root unit's share of one gather.  A grad-enabled forward that is never followed by
+a backward keeps the root gathered until the next backward ends.
+
+[Note: ranks that take different paths]
+Every rank must gather and reduce the same units in the same order, or the collectives pair up
+wrongly and hang.  With ``ZeroConfig.debug`` each gather and reduction first exchanges (unit,
+phase) across ranks and raises ``ZeroStateError`` naming both ranks and their units at the
+first divergence.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+from typing import Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .. import comm as dist
+from .config import ZeroConfig
+from .errors import ZeroStateError
+from .gradients import release_storage, tensor_bytes
+from .partition import BucketLayout, layout_groups, slot_views
+from .units import plan_units
+
+_PHASES = {"forward": 0, "backward": 1, "reduce": 2, "gather": 3}
+
+
+class UnitState(enum.Enum):
+    RELEASED = "released"
+    GATHERING = "gathering"
+    GATHERED = "gathered"
+
+
+class ShardedParameters:
+    """This rank's parameter shard (one chunk of every unit); units gathered just before they compute.
+
+    Args:
+        params: the managed parameters, in layout order (see ``plan``).
+        layouts: one bucket per unit.
+        units: the ``UnitPlan`` of each bucket.
+        full32: the flat float32 values, equal on every rank (only this rank's chunks are kept).
+        dtype: the compute dtype.
+    """
+
+    sharded_updates = True
+
+    def __init__(self, params: Sequence[nn.Parameter], layouts: Sequence[BucketLayout], units: list,
+                 full32: torch.Tensor, *, dtype: torch.dtype, rank: int, config: ZeroConfig, group=None):
+        self.layouts, self.units, self.params = list(layouts), units, list(params)
+        self.rank, self.world_size = rank, dist.get_world_size(group)
+        self.group, self.algorithm, self.config = group, config.algorithm, config
+        self.dtype = dtype
+        device = full32.device
+        self.flat_shard = torch.empty(sum(l.chunk_numel for l in layouts), dtype=dtype, device=device)
+        self.full: list[torch.Tensor] = []
+        self._state: list[UnitState] = []
+        self._gathers: dict[int, tuple] = {}  # unit -> (Work, staging buffer or None)
+        self._staged = self._collectives_pin_storage(device)
+        with torch.no_grad():
+            for layout in self.layouts:
+                clo, chi = layout.chunk_bounds(rank)
+                self.shard(layout).copy_(full32[layout.offset + clo:layout.offset + chi])
+                full = full32[layout.offset:layout.offset + layout.padded_numel].to(dtype, copy=True)
+                for slot, view in zip(layout.slots, slot_views(full, layout)):
+                    self.params[slot.index].data = view
+                self.full.append(full)
+                self._state.append(UnitState.GATHERED)
+        for u, plan in enumerate(self.units):
+            if not plan.persistent:
+                self._free(u)
+        self._order: list[int] = []  # units in the order of the first forward
+        self._order_known = False
+        self._position_in_order: dict[int, int] = {}
+        self.live_numel = 0
+        """Elements of non-persistent units gathered (or being gathered) now."""
+        self.peak_live_numel = 0
+        self.prefetches = 0
+        """Gathers started ahead of the unit that needed them."""
+        self._root_unit: Optional[int] = None  # the unit of the model itself, if it owns parameters
+
+    @staticmethod
+    def plan(model: nn.Module, named: list, config: ZeroConfig, world_size: int) -> tuple[list, list, list]:
+        """(named parameters in layout order, one bucket per unit, the units)."""
+        units = plan_units(model, named, config.stage3_param_persistence_threshold)
+        named = [named[i] for unit in units for i in unit.param_indices]
+        groups, start = [], 0
+        for unit in units:
+            groups.append([(name, tuple(p.shape)) for name, p in named[start:start + len(unit.param_indices)]])
+            start += len(unit.param_indices)
+        return named, layout_groups(groups, world_size, config.shard_alignment), units
+
+    def _collectives_pin_storage(self, device) -> bool:
+        """Whether a collective on a tensor leaves its storage unresizable (a backend that hands its
+        library numpy views pins the storage; zerocomm's own backends do not, so this only guards other
+        backends).  Then units gather into a staging buffer and copy, because a pinned full buffer could
+        never be released."""
+        probe = torch.zeros(self.world_size, dtype=self.dtype, device=device)
+        dist.all_gather_into_tensor(probe, probe[self.rank:self.rank + 1].clone(), group=self.group,
+                                    algorithm=self.algorithm)
+        return not probe.untyped_storage().resizable()
+
+    # -- what the optimizer updates --------------------------------------------------------------
+    def owned(self, layout: BucketLayout) -> tuple[int, int]:
+        return layout.chunk_bounds(self.rank)
+
+    def shard(self, layout: BucketLayout) -> torch.Tensor:
+        return self.flat_shard[layout.shard_offset:layout.shard_offset + layout.chunk_numel]
+
+    def owned_float32(self, full32: torch.Tensor, layout: BucketLayout) -> torch.Tensor:
+        lo, hi = layout.chunk_bounds(self.rank)
+        return full32[layout.offset + lo:layout.offset + hi]
+
+    def nbytes(self) -> int:
+        return tensor_bytes(self.flat_shard) + sum(full.untyped_storage().nbytes() for full in self.full)
+
+    # -- gather and release ------------------------------------------------------------------------
+    def _check_path(self, unit: int, phase: str) -> None:
+        """Debug mode: every rank must be at the same (unit, phase); raise naming both ranks if not."""
+        if not self.config.debug or self.world_size == 1:
+            return
+        device = self.flat_shard.device  # NCCL moves CUDA tensors only
+        mine = torch.tensor([unit, _PHASES[phase]], dtype=torch.int64, device=device)
+        everyone = torch.empty(2 * self.world_size, dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(everyone, mine, group=self.group, algorithm=self.algorithm)
+        pairs = everyone.view(self.world_size, 2).tolist()
+        for other, (their_unit, their_phase) in enumerate(pairs):
+            if (their_unit, their_phase) != (unit, _PHASES[phase]):
+                names = {v: k for k, v in _PHASES.items()}
+                raise ZeroStateError(
+                    f"ranks diverged: rank {self.rank} is at {phase} of unit {unit} ({self.units[unit].name!r}) "
+                    f"while rank {other} is at {names[their_phase]} of unit {their_unit} "
+                    f"({self.units[their_unit].name!r}); every rank must run the same units in the same order")
+
+    def _free(self, u: int) -> None:
+        self.full[u].untyped_storage().resize_(0)
+        self._state[u] = UnitState.RELEASED
+
+    def _start_gather(self, u: int, phase: str) -> None:
+        if self._state[u] is not UnitState.RELEASED:
+            return
+        self._check_path(u, phase)
+        full, layout = self.full[u], self.layouts[u]
+        target = torch.empty_like(full) if self._staged else full
+        if not self._staged and full.untyped_storage().nbytes() == 0:
+            full.untyped_storage().resize_(full.numel() * full.element_size())
+        work = dist.all_gather_into_tensor(target, self.shard(layout), group=self.group, async_op=True,
+                                           algorithm=self.algorithm)
+        self._gathers[u] = (work, target if self._staged else None)
+        self._state[u] = UnitState.GATHERING
+        if not self.units[u].persistent:
+            self.live_numel += layout.padded_numel
+            self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
+
+    def _finish_gather(self, u: int) -> None:
+        if self._state[u] is not UnitState.GATHERING:
+            return
+        work, staging = self._gathers.pop(u)
+        work.wait()
+        if staging is not None:
+            full = self.full[u]
+            if full.untyped_storage().nbytes() == 0:
+                full.untyped_storage().resize_(full.numel() * full.element_size())
+            with torch.no_grad():
+                full.copy_(staging)
+            release_storage(staging)
+        self._state[u] = UnitState.GATHERED
+
+    def _gather(self, u: int, phase: str) -> None:
+        """Make unit ``u``'s full parameters present (every rank calls it for the same unit)."""
+        self._start_gather(u, phase)
+        self._finish_gather(u)
+
+    def _release(self, u: int) -> None:
+        if self.units[u].persistent or self._state[u] is UnitState.RELEASED:
+            return
+        if self._state[u] is UnitState.GATHERING:
+            self._gathers.pop(u)[0].wait()
+        self._free(u)
+        self.live_numel -= self.layouts[u].padded_numel
+
+    def _prefetch(self, after: int, direction: int, phase: str) -> None:
+        """Start gathering up to ``stage3_prefetch_depth`` units that follow ``after`` in the recorded order
+        (``direction`` -1: backward), within ``stage3_prefetch_bucket_numel`` elements and while
+        ``stage3_max_live_parameters`` allows."""
+        if not self._order_known or after not in self._position_in_order:
+            return
+        position = self._position_in_order[after] + direction
+        if position < 0 and after == self._root_unit:
+            position = len(self._order) - 1  # backward leaves the root's head for the last unit of forward
+        budget, depth = self.config.stage3_prefetch_bucket_numel, self.config.stage3_prefetch_depth
+        while 0 <= position < len(self._order) and budget > 0 and depth > 0:
+            u = self._order[position]
+            if self._state[u] is UnitState.RELEASED:
+                if self.live_numel > self.config.stage3_max_live_parameters:
+                    return
+                self._start_gather(u, phase)
+                self.prefetches += 1
+            budget -= self.layouts[u].padded_numel
+            depth -= 1
+            position += direction
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def install(self, model: nn.Module) -> list:
+        handles = []
+        for u, plan in enumerate(self.units):
+            if plan.persistent:
+                continue
+            if plan.module is model:
+                self._root_unit = u
+            else:
+                handles.append(plan.module.register_forward_pre_hook(self._unit_pre_forward(u)))
+            handles.append(plan.module.register_forward_hook(self._unit_post_forward(u)))
+        if self._root_unit is not None:
+            handles.append(model.register_forward_pre_hook(self._unit_pre_forward(self._root_unit)))
+        handles.append(model.register_forward_hook(self._after_root_forward))
+        return handles
+
+    def _enter_unit(self, u: int) -> None:
+        if not self._order_known and u not in self._order:
+            self._order.append(u)
+        self._gather(u, "forward")
+        self._prefetch(u, +1, "forward")
+
+    def _unit_pre_forward(self, u: int):
+        def hook(module, args):
+            self._enter_unit(u)
+        return hook
+
+    def _unit_post_forward(self, u: int):
+        def hook(module, args, output):
+            tensors = [t for t in _tensors(output) if t.requires_grad]
+            backward_follows = torch.is_grad_enabled() and bool(tensors)
+            if backward_follows:
+                torch.autograd.graph.register_multi_grad_hook(tensors, lambda grads: self._pre_backward(u),
+                                                              mode="any")
+            if not (backward_follows and u == self._root_unit):
+                self._release(u)
+        return hook
+
+    def _after_root_forward(self, module, args, output):
+        """The forward is over: the first one fixes the prefetch order; the persistent unit stays, and so
+        does the root unit when a backward follows (see the note on the root unit)."""
+        if not self._order_known:
+            self._order_known = True
+            self._position_in_order = {unit: i for i, unit in reversed(list(enumerate(self._order)))}
+        for u in range(len(self.units)):
+            if u != self._root_unit or self._state[u] is not UnitState.GATHERED or not torch.is_grad_enabled():
+                self._release(u)
+
+    def _pre_backward(self, u: int) -> None:
+        if u == self._root_unit and self._state[u] is UnitState.GATHERED:
+            self._check_path(u, "backward")  # kept from forward: no gather, but the ranks still compare paths
+        self._gather(u, "backward")
+        self._prefetch(u, -1, "backward")
+
+    def before_reduce(self, bucket_index: int) -> None:
+        self._check_path(bucket_index, "reduce")
+
+    def after_reduce_launch(self, bucket_index: int) -> None:
+        self._release(bucket_index)  # every use of the unit in this backward has produced its gradient
+
+    def after_backward(self) -> None:
+        for u in range(len(self.units)):
+            self._release(u)
+
+    def after_step(self) -> None:
+        for u, plan in enumerate(self.units):
+            if plan.persistent:
+                self._state[u] = UnitState.RELEASED  # its storage stays allocated; the gather refreshes it
+                self._start_gather(u, "gather")
+        if not self.config.overlap_comm:
+            self.wait_all()
+
+    def wait_all(self) -> None:
+        """Wait for the persistent unit's post-step gather (the others are gathered on use)."""
+        for u, plan in enumerate(self.units):
+            if plan.persistent:
+                self._finish_gather(u)
+
+    # -- access outside forward ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def gathered(self, modifier_rank: Optional[int], optimizer_state) -> Iterator[None]:
+        """Gather every unit for the duration of the block; with ``modifier_rank``, that rank's values
+        at the end are broadcast and written into every rank's shard (and masters)."""
+        self.wait_all()
+        for u in range(len(self.units)):
+            self._gather(u, "gather")
+        try:
+            yield
+        finally:
+            if modifier_rank is not None:
+                self._write_back(modifier_rank)
+                optimizer_state.read_from([self.shard(layout) for layout in self.layouts])
+            for u in range(len(self.units)):
+                self._release(u)
+
+    def _write_back(self, modifier_rank: int) -> None:
+        with torch.no_grad():
+            for u, layout in enumerate(self.layouts):
+                # A staged optimizer never hands its full buffers to a collective (it would pin them).
+                values = self.full[u].clone() if self._staged else self.full[u]
+                dist.broadcast(values, group=self.group, group_src=modifier_rank, algorithm=self.algorithm)
+                clo, chi = layout.chunk_bounds(self.rank)
+                self.shard(layout).copy_(values[clo:chi])
+
+
+def _tensors(output) -> list:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for item in output for t in _tensors(item)]
+    if isinstance(output, dict):
+        return [t for item in output.values() for t in _tensors(item)]
+    return []
