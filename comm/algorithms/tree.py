@@ -20,23 +20,70 @@ Recursive doubling (all_reduce): with ``p`` the largest power of two ``<= n`` an
 """
 from __future__ import annotations
 
-from typing import Optional
+import time
+from typing import Optional, Sequence
 
 import torch
 
 from ...ops.reduce import KERNELS
 from ..transport import Request, Transport
-from .common import (
-    finalize,
-    recv_segmented,
-    remaining,
-    same_memory,
-    scratch,
-    segment_elems,
-    segments,
-    send_segmented,
-    wait_all,
-)
+
+# -- helpers of the tree schedules (kept here: one file per schedule keeps a call's path short) --------
+
+
+def remaining(deadline: Optional[float]) -> Optional[float]:
+    """Seconds left until ``deadline`` (``time.monotonic()`` seconds; never negative), or ``None``."""
+    if deadline is None:
+        return None
+    return max(0.0, deadline - time.monotonic())
+
+
+def wait_all(requests: Sequence[Request], deadline: Optional[float]) -> None:
+    """Wait for every request, each bounded by the absolute ``deadline``."""
+    for req in requests:
+        req.wait(remaining(deadline))
+
+
+def finalize(buf: torch.Tensor, op: str, n: int) -> None:
+    """``avg`` divides the reduced sum by the number of contributions; other ops are done already."""
+    if op == "avg" and n > 1:
+        buf.div_(n)
+
+def segment_elems(tensor: torch.Tensor, segment_bytes: int) -> Optional[int]:
+    """Elements per segment for ``tensor``'s dtype (at least 1); ``None`` when ``segment_bytes <= 0`` (no segmenting)."""
+    if segment_bytes <= 0:
+        return None
+    return max(1, segment_bytes // tensor.element_size())
+
+
+def segments(start: int, end: int, seg: Optional[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` split into segments of ``seg`` elements; one piece when ``seg`` is None; none when empty."""
+    if end <= start:
+        return []
+    step = seg if seg is not None else end - start
+    return [(lo, min(lo + step, end)) for lo in range(start, end, step)]
+
+
+def scratch(like: torch.Tensor, numel: int) -> torch.Tensor:
+    """An uninitialized flat buffer of ``numel`` elements with ``like``'s dtype and device."""
+    return torch.empty(numel, dtype=like.dtype, device=like.device)
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` are the same elements (in-place calls skip their self-copy)."""
+    return a.numel() == b.numel() and (a.numel() == 0 or a.data_ptr() == b.data_ptr())
+
+
+def send_segmented(t: Transport, buf: torch.Tensor, peer: int, tag: int, seg: Optional[int]) -> list[Request]:
+    """Post sends of ``buf`` to ``peer`` in segments; the matching receive is :func:`recv_segmented`."""
+    return [t.isend(buf[lo:hi], peer, tag) for lo, hi in segments(0, buf.numel(), seg)]
+
+
+def recv_segmented(t: Transport, buf: torch.Tensor, peer: int, tag: int, seg: Optional[int]) -> list[Request]:
+    """Post receives into ``buf`` from ``peer``, segmented exactly as the sender's :func:`send_segmented`."""
+    return [t.irecv(buf[lo:hi], peer, tag) for lo, hi in segments(0, buf.numel(), seg)]
+
+
 
 
 def _lowbit(v: int) -> int:

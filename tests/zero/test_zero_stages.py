@@ -15,6 +15,11 @@ from support import zero_checks
 from support.worlds import worlds
 
 REL = 1e-5
+# With clipping active the bound is looser: at 4 ranks the reference (one flat all_reduce) and ZeRO (per
+# bucket, or another algorithm) add the ranks' float32 gradients in different orders, and Adam with a
+# clipped update amplifies those last-bit differences to ~1.6e-5 relative in 20 steps (measured; a float64
+# reference differs as much, and the losses still agree to ~1e-7).  Without clipping they stay under 1e-5.
+REL_CLIPPED = 5e-5
 FP32 = 4
 
 # (model, gradient_accumulation_steps, gradient_clipping, stages, algorithms); clipping thresholds are
@@ -39,8 +44,9 @@ def test_losses_and_parameters_match_data_parallel(world):
         assert len(rows) == expected_runs
         for case, stage, algorithm, loss_err, param_err in rows:
             where = f"rank {rank}, case {case}, stage {stage}, algorithm {algorithm}"
+            bound = REL_CLIPPED if case[2] > 0 else REL  # case = (model, accumulation, clipping, overrides)
             assert loss_err <= REL, f"{where}: losses differ by {loss_err:.2e} relative"
-            assert param_err <= REL, f"{where}: parameters differ by {param_err:.2e} relative"
+            assert param_err <= bound, f"{where}: parameters differ by {param_err:.2e} relative"
 
 
 @pytest.mark.parametrize("world", worlds(sizes=(2, 4)), indirect=True)
