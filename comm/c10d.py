@@ -98,7 +98,7 @@ def create(dist_backend_opts, pg_options) -> "ZerocommProcessGroup":
         communicator = _mpi_communicator(store, rank, size, name)
     ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(size))
     group = Group(ranks, rank, communicator, timeout, transport, name)
-    return ZerocommProcessGroup(group, options.algorithm)
+    return ZerocommProcessGroup(group, options.algorithm, str(dist_backend_opts.group_id))
 
 
 def register() -> None:
@@ -144,17 +144,22 @@ class ZerocommProcessGroup(td.ProcessGroup):
     passes them; they are handed on as ``group_src``/``group_dst``.
     """
 
-    def __init__(self, group: Group, algorithm: Optional[str] = None):
+    def __init__(self, group: Group, algorithm: Optional[str] = None, name: str = ""):
         super().__init__(group.rank, group.size())
         self.zerocomm_group = group
         self._kw = {} if algorithm is None else {"algorithm": algorithm}
-
-    def getBackendName(self) -> str:  # noqa: N802  (c10d's name)
-        return BACKEND_NAME
+        self._name = name
 
     @property
     def group_name(self) -> str:
-        return self.zerocomm_group.name
+        """The name torch registered this group under (DeviceMesh, hence FSDP2, resolves groups by it).
+
+        c10d's own ``group_name`` asks the group's backends, which a Python group does not have.
+        """
+        return self._name
+
+    def getBackendName(self) -> str:  # noqa: N802  (c10d's name)
+        return BACKEND_NAME
 
     def __repr__(self) -> str:
         g = self.zerocomm_group
