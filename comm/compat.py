@@ -166,12 +166,13 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
 
 # -- coalesced collectives -----------------------------------------------------------------------------
 
-def _then(work: Work, finish, description: str, outputs) -> Work:
-    """A ``Work`` that completes after ``work`` and ``finish()`` (the copy back into the caller's tensors)."""
+def _then(works: List[Work], finish, description: str, outputs) -> Work:
+    """A ``Work`` that completes after every one of ``works`` (one group's, so they finish in order: the
+    last one's completion means all are done) and ``finish()`` (the copy back into the caller's tensors)."""
     future: concurrent.futures.Future = concurrent.futures.Future()
 
     def _settle(done: concurrent.futures.Future) -> None:
-        error = done.exception()
+        error = next((w.exception() for w in works if w.exception() is not None), None)
         if error is None:
             try:
                 finish()
@@ -182,66 +183,74 @@ def _then(work: Work, finish, description: str, outputs) -> Work:
         else:
             future.set_exception(error)
 
-    work._future.add_done_callback(_settle)
+    works[-1]._future.add_done_callback(_settle)
     return Work(description, future, outputs)
 
 
-def _flat(tensors: List[torch.Tensor], what: str, collective: str) -> torch.Tensor:
-    g_rank = WORLD.default.my_global_rank if WORLD.default is not None else -1
-    if not isinstance(tensors, (list, tuple)) or not tensors:
-        raise InvalidArgumentError(f"rank {g_rank}: {collective}: {what} must be a non-empty list of tensors")
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) != 1:
-        raise InvalidArgumentError(f"rank {g_rank}: {collective}: {what} must share one dtype, got "
-                                   f"{sorted(str(d) for d in dtypes)}")
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = False):
-    """All-reduce every tensor of ``tensors`` (one dtype) as one flat buffer, in place."""
+    """All-reduce every tensor of ``tensors`` in place: one flat all_reduce per dtype among them."""
     if isinstance(tensors, torch.Tensor):
         tensors = [tensors]
-    resolve_group(group, "all_reduce_coalesced")
-    flat = _flat(tensors, "tensors", "all_reduce_coalesced")
+    g = resolve_group(group, "all_reduce_coalesced")
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise InvalidArgumentError(f"rank {g.my_global_rank}: all_reduce_coalesced: tensors must be a non-empty "
+                                   "list of tensors")
+    by_dtype: dict = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    flats = [(torch.cat([t.reshape(-1) for t in same]), same) for same in by_dtype.values()]
 
     def finish() -> None:
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view(t.shape))
-            offset += t.numel()
+        for flat, same in flats:
+            offset = 0
+            for t in same:
+                t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+                offset += t.numel()
 
-    work = api.all_reduce(flat, op, group, async_op=True)
+    works = [api.all_reduce(flat, op, g, async_op=True) for flat, _ in flats]
     if async_op:
-        return _then(work, finish, "all_reduce_coalesced", tensors)
-    work.wait()
+        return _then(works, finish, "all_reduce_coalesced", list(tensors))
+    for work in works:
+        work.wait()
     finish()
     return None
 
 
 def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op: bool = False):
-    """``output_tensor_lists[i][r]`` ← rank r's ``input_tensor_list[i]``, one gather for all of them."""
+    """``output_tensor_lists[r][i]`` ← rank r's ``input_tensor_list[i]``: one all-gather of the inputs packed flat.
+
+    The inputs must share one dtype (as torch's gloo requires).
+    """
     g = resolve_group(group, "all_gather_coalesced")
-    flat = _flat(input_tensor_list, "input_tensor_list", "all_gather_coalesced")
-    if len(output_tensor_lists) != len(input_tensor_list):
-        raise InvalidArgumentError(f"rank {g.my_global_rank}: all_gather_coalesced: output_tensor_lists has "
-                                   f"{len(output_tensor_lists)} lists for {len(input_tensor_list)} inputs")
-    for i, outputs in enumerate(output_tensor_lists):
-        if len(outputs) != g.size():
-            raise InvalidArgumentError(f"rank {g.my_global_rank}: all_gather_coalesced: output_tensor_lists[{i}] "
-                                       f"must hold one tensor per rank: expecting {g.size()} items, got {len(outputs)}")
+    collective = "all_gather_coalesced"
+    if not isinstance(input_tensor_list, (list, tuple)) or not input_tensor_list:
+        raise InvalidArgumentError(f"rank {g.my_global_rank}: {collective}: input_tensor_list must be a non-empty "
+                                   "list of tensors")
+    dtypes = {t.dtype for t in input_tensor_list}
+    if len(dtypes) != 1:
+        raise InvalidArgumentError(f"rank {g.my_global_rank}: {collective}: input_tensor_list must share one dtype, "
+                                   f"got {sorted(str(d) for d in dtypes)}")
+    if len(output_tensor_lists) != g.size():
+        raise InvalidArgumentError(f"rank {g.my_global_rank}: {collective}: output_tensor_lists must hold one list "
+                                   f"per rank: expecting {g.size()} items, got {len(output_tensor_lists)}")
+    for r, outputs in enumerate(output_tensor_lists):
+        if len(outputs) != len(input_tensor_list):
+            raise InvalidArgumentError(f"rank {g.my_global_rank}: {collective}: output_tensor_lists[{r}] must hold "
+                                       f"one tensor per input: expecting {len(input_tensor_list)} items, got "
+                                       f"{len(outputs)}")
+    flat = torch.cat([t.reshape(-1) for t in input_tensor_list])
     gathered = torch.empty(g.size() * flat.numel(), dtype=flat.dtype)
 
     def finish() -> None:
-        for r in range(g.size()):
-            chunk = gathered[r * flat.numel():(r + 1) * flat.numel()]
-            offset = 0
-            for i, t in enumerate(input_tensor_list):
-                output_tensor_lists[i][r].copy_(chunk[offset:offset + t.numel()].view(output_tensor_lists[i][r].shape))
+        for r, outputs in enumerate(output_tensor_lists):
+            offset = r * flat.numel()
+            for t, out in zip(input_tensor_list, outputs):
+                out.copy_(gathered[offset:offset + t.numel()].view(out.shape))
                 offset += t.numel()
 
-    work = api.all_gather_into_tensor(gathered, flat, group, async_op=True)
+    work = api.all_gather_into_tensor(gathered, flat, g, async_op=True)
     if async_op:
-        return _then(work, finish, "all_gather_coalesced", [t for ts in output_tensor_lists for t in ts])
+        return _then([work], finish, collective, [t for ts in output_tensor_lists for t in ts])
     work.wait()
     finish()
     return None
