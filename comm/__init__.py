@@ -18,6 +18,11 @@ from .process_group import (GroupMember, configure, destroy_process_group, get_b
                             is_available, is_initialized, new_group, set_default_algorithm, which_algorithm)
 from .reduce_op import ReduceOp
 from .work import Work
+from . import compat as _compat
+from .compat import *  # noqa: F401,F403  (the rest of torch.distributed's names; see compat.__all__)
+from . import c10d
+
+c10d.register()  # torch code may now say init_process_group(backend="zerocomm")
 
 #: torch's name for a process group object.
 ProcessGroup = Group
@@ -33,5 +38,5 @@ __all__ = [
     # zerocomm's additions
     "Group", "Profiler", "profile", "compressed_all_reduce", "count_bytes", "set_default_algorithm", "get_default_algorithm", "configure", "which_algorithm",
     "CommError", "CommTimeoutError", "CollectiveMismatchError", "UnsupportedError", "NotInitializedError",
-    "InvalidArgumentError", "PeerError",
-]
+    "InvalidArgumentError", "PeerError", "c10d",
+] + _compat.__all__

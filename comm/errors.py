@@ -1,8 +1,10 @@
 """Typed errors of the comm layer.
 
 Every error subclasses ``torch.distributed.DistError`` so code written against
-``torch.distributed`` that catches its errors keeps working.  Errors about the
-caller's arguments are also ``ValueError``\\ s, as torch's are.
+``torch.distributed`` that catches its errors keeps working; the errors a backend
+raises in torch (a timeout, a peer gone, a mismatch) also subclass
+``torch.distributed.DistBackendError``.  Errors about the caller's arguments are
+also ``ValueError``\\ s, as torch's are.
 """
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ class CommError(_td.DistError):
     """Base class of every zerocomm comm error."""
 
 
-class CommTimeoutError(CommError):
+class CommTimeoutError(CommError, _td.DistBackendError):
     """A blocking call ran past its deadline; the message names the op, the group and the peer awaited."""
 
 
-class CollectiveMismatchError(CommError):
+class CollectiveMismatchError(CommError, _td.DistBackendError):
     """Ranks called different collectives, or the same one with different shapes, dtypes or roots."""
 
 
@@ -33,5 +35,5 @@ class InvalidArgumentError(CommError, ValueError):
     """The caller's arguments are wrong on this rank (dtype, size, root, membership); raised before any byte moves."""
 
 
-class PeerError(CommError):
+class PeerError(CommError, _td.DistBackendError):
     """A peer failed or went away while this rank waited on it."""

@@ -109,7 +109,7 @@ def scatter_object_list(scatter_object_output_list: List[Any], scatter_object_in
     root = validate.group_rank_of(g, src, group_src, "src", "scatter_object_list")
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise validate.InvalidArgumentError(f"rank {g.my_global_rank}: scatter_object_list: "
-                                            "scatter_object_output_list must be a list with at least one slot")
+                                            "Expected argument scatter_object_output_list to be a list of size at least 1.")
     where = _device(g)
     if g.rank == root:
         validate.check_list_length(scatter_object_input_list, g.size(), "scatter_object_input_list",

@@ -28,11 +28,14 @@ def _peer(g: Group, global_rank, group_rank, role: str, op: str) -> int:
     return peer
 
 
-def _check(tensor, tag: int, op: str, g: Group) -> None:
+def _check(tensor, tag: int, op: str, g: Group) -> torch.Tensor:
+    """``tensor`` as it travels (a complex one as its real view), after the checks."""
+    tensor = validate._real(tensor, op, g)
     validate.check_tensor(tensor, "tensor", op, g)
     if not 0 <= int(tag) < USER_TAG_LIMIT:
         raise InvalidArgumentError(f"rank {g.my_global_rank}: {op}: tag {tag} must be in [0, {USER_TAG_LIMIT}); "
                                    "larger tags are reserved for collectives")
+    return tensor
 
 
 class _RequestWork(Work):
@@ -97,8 +100,7 @@ def isend(tensor: torch.Tensor, dst: Optional[int] = None, group=None, tag: int 
     """Start sending ``tensor`` to ``dst``; the returned ``Work`` completes when the buffer may be reused."""
     g = resolve_group(group, "isend")
     peer = _peer(g, dst, group_dst, "dst", "isend")
-    _check(tensor, tag, "isend", g)
-    request = g.communicator.user_isend(tensor.view(-1), peer, int(tag))
+    request = g.communicator.user_isend(_check(tensor, tag, "isend", g).view(-1), peer, int(tag))
     return _RequestWork(f"isend to rank {g.ranks[peer]} (tag {tag})", request, g, [tensor])
 
 
@@ -106,16 +108,16 @@ def irecv(tensor: torch.Tensor, src: Optional[int] = None, group=None, tag: int 
           group_src: Optional[int] = None) -> Optional[Work]:
     """Start receiving into ``tensor`` from ``src`` (any rank if both ``src`` and ``group_src`` are None)."""
     g = resolve_group(group, "irecv")
-    _check(tensor, tag, "irecv", g)
+    moved = _check(tensor, tag, "irecv", g)
     if src is None and group_src is None:
         if not g.communicator.ANY_SOURCE:
             raise UnsupportedError(f"rank {g.my_global_rank}: irecv: backend {g.backend!r} cannot receive from any "
                                    "source; pass src")
-        request = g.communicator.irecv_any(tensor.view(-1), int(tag))
+        request = g.communicator.irecv_any(moved.view(-1), int(tag))
         return _RequestWork(f"irecv from any rank (tag {tag})", request, g, [tensor],
                             source=lambda: g.ranks[request.source()])
     peer = _peer(g, src, group_src, "src", "irecv")
-    request = g.communicator.user_irecv(tensor.view(-1), peer, int(tag))
+    request = g.communicator.user_irecv(moved.view(-1), peer, int(tag))
     return _RequestWork(f"irecv from rank {g.ranks[peer]} (tag {tag})", request, g, [tensor],
                         source=lambda: g.ranks[peer])
 

@@ -170,7 +170,8 @@ def get_world_size(group=None) -> int:
 def get_backend(group=None) -> td.Backend:
     g = _group_or_world(group, "get_backend")
     if g is None:
-        raise InvalidArgumentError("get_backend: this process is not a member of the group")
+        raise InvalidArgumentError(f"rank {WORLD.default.my_global_rank}: get_backend: Invalid process group "
+                                   "specified (this process is not a member of the group)")
     return td.Backend(g.backend)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import torch
+import torch.distributed as _td
 
 from . import select
 from .algorithms import ALGORITHM_CHOICES, ALGORITHM_NAMES, ALGORITHMS, COLLECTIVES
@@ -143,6 +144,31 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dim() == 1 else tensor.view(-1)
 
 
+# -- complex and sparse tensors --------------------------------------------------------------------
+
+def _real(tensor, collective: str, group: Group, op=None):
+    """A complex tensor as its real view (``torch.view_as_real``: shape ``(..., 2)``, the same storage), as
+    torch moves it; every other tensor unchanged.  A reduction that does not admit complex numbers
+    (``torch.distributed.supports_complex``: MIN, MAX, PRODUCT, bitwise) raises torch's error; a sparse
+    tensor raises ``UnsupportedError``."""
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    if tensor.layout is not torch.strided:
+        raise UnsupportedError(f"rank {group.my_global_rank}: {collective}: tensor has layout {tensor.layout}; "
+                               "zerocomm moves dense (strided) tensors only: send .to_dense(), or the sparse "
+                               "tensor's .indices() and .values() as two dense tensors")
+    if not tensor.is_complex():
+        return tensor
+    if op is not None and not _td.supports_complex(op):
+        raise InvalidArgumentError(f"rank {group.my_global_rank}: {collective} does not support {op} on complex "
+                                   "tensors")
+    return torch.view_as_real(tensor) if tensor.is_contiguous() else tensor
+
+
+def _reals(items, collective: str, group: Group):
+    return items if items is None else [_real(item, collective, group) for item in items]
+
+
 _SUM = ReduceOp.SUM
 
 
@@ -203,6 +229,7 @@ def _timeout(timeout) -> Optional[float]:
 
 def broadcast(tensor, src, group, async_op, group_src, algorithm) -> Call:
     g = resolve_group(group, "broadcast")
+    tensor = _real(tensor, "broadcast", g)
     src = 0 if src is None and group_src is None else src
     root = group_rank_of(g, src, group_src, "src", "broadcast")
     check_tensor(tensor, "tensor", "broadcast", g)
@@ -214,6 +241,7 @@ def broadcast(tensor, src, group, async_op, group_src, algorithm) -> Call:
 
 def all_reduce(tensor, op, group, async_op, algorithm, compression, state) -> Call:
     g = resolve_group(group, "all_reduce")
+    tensor = _real(tensor, "all_reduce", g, op)
     check_tensor(tensor, "tensor", "all_reduce", g)
     name = _op(op, tensor.dtype, "all_reduce", g)
     nbytes = tensor.numel() * tensor.element_size()
@@ -250,6 +278,7 @@ def _onebit(tensor, op: str, g: Group, async_op, algorithm, compression, state, 
 
 def reduce(tensor, dst, op, group, async_op, group_dst, algorithm) -> Call:
     g = resolve_group(group, "reduce")
+    tensor = _real(tensor, "reduce", g, op)
     dst = 0 if dst is None and group_dst is None else dst
     root = group_rank_of(g, dst, group_dst, "dst", "reduce")
     check_tensor(tensor, "tensor", "reduce", g)
@@ -263,6 +292,7 @@ def reduce(tensor, dst, op, group, async_op, group_dst, algorithm) -> Call:
 def all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorithm) -> Call:
     what = "all_gather_into_tensor"
     g = resolve_group(group, what)
+    output_tensor, input_tensor = _real(output_tensor, what, g), _real(input_tensor, what, g)
     check_tensor(input_tensor, "input_tensor", what, g)
     check_tensor(output_tensor, "output_tensor", what, g)
     check_same_dtype([output_tensor], input_tensor.dtype, what, g)
@@ -275,6 +305,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorit
 
 def all_gather(tensor_list, tensor, group, async_op, algorithm) -> Call:
     g = resolve_group(group, "all_gather")
+    tensor, tensor_list = _real(tensor, "all_gather", g), _reals(tensor_list, "all_gather", g)
     check_tensor(tensor, "tensor", "all_gather", g)
     check_list_length(tensor_list, g.size(), "tensor_list", "all_gather", g)
     check_same_dtype(tensor_list, tensor.dtype, "all_gather", g)
@@ -290,6 +321,7 @@ def all_gather(tensor_list, tensor, group, async_op, algorithm) -> Call:
 
 def gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm) -> Call:
     g = resolve_group(group, "gather")
+    tensor, gather_list = _real(tensor, "gather", g), _reals(gather_list, "gather", g)
     dst = 0 if dst is None and group_dst is None else dst
     root = group_rank_of(g, dst, group_dst, "dst", "gather")
     check_tensor(tensor, "tensor", "gather", g)
@@ -313,6 +345,7 @@ def gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm) -> C
 
 def scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm) -> Call:
     g = resolve_group(group, "scatter")
+    tensor, scatter_list = _real(tensor, "scatter", g), _reals(scatter_list, "scatter", g)
     src = 0 if src is None and group_src is None else src
     root = group_rank_of(g, src, group_src, "src", "scatter")
     check_tensor(tensor, "tensor", "scatter", g)
@@ -336,6 +369,7 @@ def scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm) ->
 def reduce_scatter_tensor(output, input, op, group, async_op, algorithm) -> Call:
     what = "reduce_scatter_tensor"
     g = resolve_group(group, what)
+    output, input = _real(output, what, g, op), _real(input, what, g, op)
     check_tensor(input, "input", what, g)
     check_tensor(output, "output", what, g)
     check_same_dtype([output], input.dtype, what, g)
@@ -349,6 +383,7 @@ def reduce_scatter_tensor(output, input, op, group, async_op, algorithm) -> Call
 
 def reduce_scatter(output, input_list, op, group, async_op, algorithm) -> Call:
     g = resolve_group(group, "reduce_scatter")
+    output, input_list = _real(output, "reduce_scatter", g, op), _reals(input_list, "reduce_scatter", g)
     check_tensor(output, "output", "reduce_scatter", g)
     name = _op(op, output.dtype, "reduce_scatter", g)
     check_list_length(input_list, g.size(), "input_list", "reduce_scatter", g)
@@ -383,6 +418,7 @@ def _split_counts(tensor: torch.Tensor, splits, what: str, g: Group) -> List[int
 def all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op, algorithm) -> Call:
     what = "all_to_all_single"
     g = resolve_group(group, what)
+    output, input = _real(output, what, g), _real(input, what, g)
     check_tensor(input, "input", what, g)
     check_tensor(output, "output", what, g)
     check_same_dtype([output], input.dtype, what, g)
@@ -396,6 +432,8 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, grou
 
 def all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm) -> Call:
     g = resolve_group(group, "all_to_all")
+    output_tensor_list = _reals(output_tensor_list, "all_to_all", g)
+    input_tensor_list = _reals(input_tensor_list, "all_to_all", g)
     check_list_length(input_tensor_list, g.size(), "input_tensor_list", "all_to_all", g)
     check_list_length(output_tensor_list, g.size(), "output_tensor_list", "all_to_all", g)
     for index, item in enumerate(list(input_tensor_list) + list(output_tensor_list)):
