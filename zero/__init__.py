@@ -3,13 +3,13 @@
 ``initialize(model, optimizer_factory, config, group=None) -> (model, optimizer)``; see
 initialize.py for the training loop, config.py for the settings (and the DeepSpeed keys read),
 stages.py for the table of parts each stage is made of, optimizer.py for the wrapper that composes them,
-checkpoint.py for ``optimizer.save`` / ``optimizer.load`` (any world size) and consolidate.py for ``consolidate`` and its command line.
+checkpoint.py for ``optimizer.save`` / ``optimizer.load`` (any world size) and consolidation.py for ``consolidate`` (its command line: consolidate.py).
 """
 from .config import ZeroConfig
 from .errors import CheckpointError, ZeroConfigError, ZeroError, ZeroStateError
 from .initialize import as_config, initialize
 from .checkpoint import load_checkpoint, save_checkpoint
-from .consolidate import consolidate
+from .consolidation import consolidate
 from .optimizer import ZeroOptimizer
 from .stages import STAGES, Stage
 

@@ -1,0 +1,100 @@
+"""Consolidate a sharded checkpoint into one full float32 ``state_dict`` of the plain model.
+
+    python -m zerocomm.zero.consolidate CHECKPOINT_DIR OUT.pt            # torch.save
+    python -m zerocomm.zero.consolidate CHECKPOINT_DIR OUT.safetensors   # safetensors format
+
+No process group is needed.  Shards are memory-mapped one at a time and only their float32 masters
+are read (not the optimizer state), each parameter is allocated once: peak memory stays near one full
+float32 copy of the parameters plus one shard's masters (measured: 635 MiB for a 109 M-parameter
+model, 417 MiB per copy, two shards).  The result has
+every key of the unwrapped model's ``state_dict`` (tied parameters under each of their names,
+buffers, parameters that were not trained) and loads with ``model.load_state_dict(...)``.
+
+The safetensors file is written with the ``safetensors`` package (``pip install 'zerocomm[zero]'``);
+tied parameters are stored once per name, as the format has no aliasing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from .checkpoint import chunk_width, load_shard, read_meta, resolve, shards_to_read
+from .errors import CheckpointError
+
+def consolidate(path) -> dict[str, torch.Tensor]:
+    """The full float32 ``state_dict`` of the checkpoint at ``path`` (a checkpoint folder or its parent)."""
+    folder = resolve(path)
+    meta = read_meta(folder)
+    params = [torch.empty(shape, dtype=torch.float32) for _, shape in meta["params"]]
+    flat_params = [p.view(-1) for p in params]
+    extras: dict = {}
+    for rank in shards_to_read(meta):
+        shard = load_shard(folder, rank)
+        if rank == 0:
+            extras = shard.get("extras", {})
+        for bucket, chunk in zip(meta["buckets"], shard["masters"]):
+            width = chunk_width(meta, bucket)
+            lo, hi = rank * width, (rank + 1) * width
+            for index, offset, numel in bucket["slots"]:  # copy the part of each slot this chunk covers
+                start, end = max(lo, offset), min(hi, offset + numel)
+                if start < end:
+                    flat_params[index][start - offset:end - offset].copy_(chunk[start - lo:end - lo])
+        del shard
+    state = {}
+    for key, kind, ref in meta["state_dict_keys"]:
+        if kind == "param":
+            state[key] = params[ref]
+        elif ref in extras:
+            state[key] = extras[ref]
+        else:
+            raise CheckpointError(f"{folder / 'shard-00000.pt'}: the model's {key!r} is not in the shard's extras")
+    return state
+
+
+def save_safetensors(state: dict[str, torch.Tensor], file) -> None:
+    """Write ``state`` as a .safetensors file, atomically; tensors that share memory (tied parameters)
+    are written once per name, as the format has no aliasing."""
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise CheckpointError(f"{file}: writing .safetensors needs the safetensors package: "
+                              "pip install 'zerocomm[zero]' (or write a .pt file)") from None
+    seen, plain = set(), {}
+    for key, tensor in state.items():
+        tensor = tensor.detach().contiguous().cpu()
+        if tensor.numel() and tensor.data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        plain[key] = tensor
+    tmp = Path(f"{file}.tmp")
+    save_file(plain, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, file)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zerocomm.zero.consolidate",
+                                     description="Consolidate a zerocomm ZeRO checkpoint into one state_dict file.")
+    parser.add_argument("checkpoint", help="checkpoint folder (or the folder holding 'latest')")
+    parser.add_argument("output", help="OUT.pt (torch.save) or OUT.safetensors")
+    args = parser.parse_args(argv)
+    try:
+        state = consolidate(args.checkpoint)
+        if args.output.endswith(".safetensors"):
+            save_safetensors(state, args.output)
+        else:
+            tmp = f"{args.output}.tmp"
+            torch.save(state, tmp)
+            os.replace(tmp, args.output)
+    except CheckpointError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"{args.output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} elements")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
