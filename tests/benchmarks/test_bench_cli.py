@@ -122,7 +122,7 @@ def test_nccl_without_a_gpu_says_so(no_ranks, capsys):
     import torch
 
     if torch.version.cuda is not None and torch.cuda.device_count() > 0:
-        pytest.skip("this machine has a CUDA device: the refusal is for machines without one")
+        pytest.skip(reason="this machine has a CUDA device: the refusal is for machines without one")
     error = refusal(["--backend", "nccl", "--nprocs", "2"], capsys)
     assert "--backend nccl needs CUDA" in error and "ZeroDivisionError" not in error
     assert "--device cuda needs CUDA" in refusal(["--device", "cuda", "--nprocs", "2"], capsys)
@@ -231,7 +231,7 @@ def test_the_algorithm_check_accepts_exactly_what_comm_accepts():
 
     dist = comm_module()
     if STANDIN:
-        pytest.skip(f"{STANDIN_ENV}=torch: torch accepts only native")
+        pytest.skip(reason=f"{STANDIN_ENV}=torch: torch accepts only native")
     check_algorithms(dist, ALGORITHMS)
     with pytest.raises(ValueError, match="'foo'"):
         check_algorithms(dist, ["native", "foo"])
