@@ -85,6 +85,15 @@ class Group:
     def global_rank(self, group_rank: int) -> int:
         return self.ranks[group_rank]
 
+    def device(self) -> torch.device:
+        """The device whose tensors this group moves (for NCCL, this rank's GPU)."""
+        own = getattr(self.communicator, "device", None)
+        if own is not None:
+            return torch.device(own)
+        if self.device_type == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device(self.device_type)
+
     def describe(self) -> str:
         return f"group {self.name} (global ranks {self.ranks})"
 

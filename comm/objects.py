@@ -21,15 +21,8 @@ from .api import resolve_group
 
 
 def _device(g, requested=None) -> torch.device:
-    """The device whose tensors the group's transport moves (``requested`` if the caller named one)."""
-    if requested is not None:
-        return torch.device(requested)
-    device = getattr(g.transport, "device", None)
-    if device is not None:
-        return torch.device(device)
-    if g.transport.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(g.transport.device_type)
+    """The device whose tensors the group moves (``requested`` if the caller named one)."""
+    return torch.device(requested) if requested is not None else g.device()
 
 
 def _encode(obj: Any, device: torch.device) -> torch.Tensor:
