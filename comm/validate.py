@@ -139,6 +139,15 @@ def group_rank_of(group: Group, global_rank: Optional[int], group_rank: Optional
     return group.ranks.index(global_rank)
 
 
+def _tensor_pair(output, input, out_name: str, in_name: str, what: str, group: Group, op=None) -> tuple:
+    """The checks of a tensor-form collective's (output, input) pair; complex tensors come back as real views."""
+    output, input = _real(output, what, group, op), _real(input, what, group, op)
+    check_tensor(input, in_name, what, group)
+    check_tensor(output, out_name, what, group)
+    check_same_dtype([output], input.dtype, what, group)
+    return output, input
+
+
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
     """The 1-D view algorithms take (a contiguous 1-D tensor is its own: views cost a microsecond)."""
     return tensor if tensor.dim() == 1 else tensor.view(-1)
@@ -292,10 +301,7 @@ def reduce(tensor, dst, op, group, async_op, group_dst, algorithm) -> Call:
 def all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorithm) -> Call:
     what = "all_gather_into_tensor"
     g = resolve_group(group, what)
-    output_tensor, input_tensor = _real(output_tensor, what, g), _real(input_tensor, what, g)
-    check_tensor(input_tensor, "input_tensor", what, g)
-    check_tensor(output_tensor, "output_tensor", what, g)
-    check_same_dtype([output_tensor], input_tensor.dtype, what, g)
+    output_tensor, input_tensor = _tensor_pair(output_tensor, input_tensor, "output_tensor", "input_tensor", what, g)
     check_numel(output_tensor, g.size() * input_tensor.numel(), "output_tensor", what, g)
     nbytes = output_tensor.numel() * output_tensor.element_size()
     algo, fn = choose_algorithm("all_gather", g, input_tensor.dtype, None, nbytes, algorithm, what)
@@ -369,10 +375,7 @@ def scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm) ->
 def reduce_scatter_tensor(output, input, op, group, async_op, algorithm) -> Call:
     what = "reduce_scatter_tensor"
     g = resolve_group(group, what)
-    output, input = _real(output, what, g, op), _real(input, what, g, op)
-    check_tensor(input, "input", what, g)
-    check_tensor(output, "output", what, g)
-    check_same_dtype([output], input.dtype, what, g)
+    output, input = _tensor_pair(output, input, "output", "input", what, g, op)
     name = _op(op, input.dtype, what, g)
     check_numel(input, g.size() * output.numel(), "input", what, g)
     nbytes = input.numel() * input.element_size()
@@ -418,10 +421,7 @@ def _split_counts(tensor: torch.Tensor, splits, what: str, g: Group) -> List[int
 def all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op, algorithm) -> Call:
     what = "all_to_all_single"
     g = resolve_group(group, what)
-    output, input = _real(output, what, g), _real(input, what, g)
-    check_tensor(input, "input", what, g)
-    check_tensor(output, "output", what, g)
-    check_same_dtype([output], input.dtype, what, g)
+    output, input = _tensor_pair(output, input, "output", "input", what, g)
     in_counts = _split_counts(input, input_split_sizes, "input", g)
     out_counts = _split_counts(output, output_split_sizes, "output", g)
     # An all_to_all's send size differs between ranks (uneven splits): "auto" must not depend on it.
