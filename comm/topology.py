@@ -1,0 +1,62 @@
+"""Which host each rank of a communicator runs on.
+
+A *host* is the set of processes that can share memory: by default every process that
+reports the same ``socket.gethostname()``.  ``ZEROCOMM_HOST`` overrides the name (for
+containers that share ``/dev/shm`` under different host names, or to split one machine
+into several pretend hosts in tests).  torchrun and mpiexec leave the hostname alone, so
+both give the right answer without configuration.
+
+:func:`hosts` learns every rank's host once per communicator, with one all_gather of the
+names over the communicator's own point-to-point transport, and keeps the answer on the
+transport object: a second call costs nothing.  Every rank of the communicator must call
+it at the same point of its sequence of collectives (it moves bytes under ``tag``).
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Optional
+
+import torch
+
+from .transport import Transport
+
+#: Environment variable naming this process's host; unset or empty: the hostname.
+HOST_ENV = "ZEROCOMM_HOST"
+
+#: Bytes of a host name moved per rank (names are truncated to this, UTF-8).
+_NAME_BYTES = 256
+
+
+def local_host() -> str:
+    """This process's host name: ``$ZEROCOMM_HOST`` if set and not empty, else the hostname."""
+    return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
+def hosts(t: Transport, *, tag: int, deadline: Optional[float], name: Optional[str] = None) -> tuple[str, ...]:
+    """The host of every rank of ``t`` (index = rank), learnt once and cached on ``t``.
+
+    All ranks of ``t`` must call it together, passing the tag of the collective they are in.
+    ``name`` is this rank's host (default :func:`local_host`).
+    """
+    known = getattr(t, "_zerocomm_hosts", None)
+    if known is not None:
+        return known
+    from .algorithms.ring import all_gather_ring  # algorithms import nothing from here
+
+    encoded = (local_host() if name is None else name).encode()[:_NAME_BYTES]
+    mine = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
+    if encoded:
+        mine[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+    every = torch.empty(t.size * _NAME_BYTES, dtype=torch.uint8)
+    all_gather_ring(t, every, mine, tag=tag, deadline=deadline, segment_bytes=1 << 20)
+    names = tuple(bytes(every[r * _NAME_BYTES:(r + 1) * _NAME_BYTES].tolist()).rstrip(b"\0").decode(errors="replace")
+                  for r in range(t.size))
+    t._zerocomm_hosts = names
+    return names
+
+
+def local_ranks(t: Transport, *, tag: int, deadline: Optional[float]) -> tuple[int, ...]:
+    """The ranks of ``t`` on this process's host, in rank order (this rank included)."""
+    names = hosts(t, tag=tag, deadline=deadline)
+    return tuple(r for r, h in enumerate(names) if h == names[t.rank])
