@@ -6,7 +6,9 @@ stages.py for the table of parts each stage is made of, optimizer.py for the wra
 checkpoint.py for ``optimizer.save`` / ``optimizer.load`` (any world size) and consolidation.py for ``consolidate`` (its command line: consolidate.py).
 """
 from .config import ZeroConfig
-from .errors import CheckpointError, ZeroConfigError, ZeroError, ZeroStateError
+from .errors import (CheckpointCorruptError, CheckpointError, CheckpointForeignError, CheckpointIncompatibleError,
+                     CheckpointMissingShardError, CheckpointNotFoundError, CheckpointSaveError, ZeroConfigError,
+                     ZeroError, ZeroStateError)
 from .initialize import as_config, initialize
 from .checkpoint import load_checkpoint, save_checkpoint
 from .consolidation import consolidate
@@ -14,6 +16,8 @@ from .optimizer import ZeroOptimizer
 from .stages import STAGES, Stage
 
 __all__ = ["initialize", "as_config", "ZeroConfig", "ZeroOptimizer", "Stage", "STAGES", "ZeroError", "ZeroConfigError",
-           "ZeroStateError", "CheckpointError", "save_checkpoint", "load_checkpoint", "consolidate"]
+           "ZeroStateError", "CheckpointError", "CheckpointNotFoundError", "CheckpointCorruptError",
+           "CheckpointMissingShardError", "CheckpointForeignError", "CheckpointIncompatibleError", "CheckpointSaveError",
+           "save_checkpoint", "load_checkpoint", "consolidate"]
 from .onebit_adam import OneBitAdam  # noqa: E402
 __all__ += ["OneBitAdam"]

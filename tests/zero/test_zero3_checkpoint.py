@@ -123,7 +123,7 @@ def test_consolidated_state_dict_equals_data_parallel_and_the_command_line_write
         assert all(torch.equal(got[key], expected[key]) for key in expected)
     bad = subprocess.run([sys.executable, "-m", "zerocomm.zero.consolidate", str(tmp_path / "nothing"),
                           str(tmp_path / "x.pt")], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and "no checkpoint at" in bad.stderr and not os.path.exists(tmp_path / "x.pt")
+    assert bad.returncode == 1 and "CheckpointNotFoundError: " in bad.stderr and "no checkpoint at" in bad.stderr and not os.path.exists(tmp_path / "x.pt")
 
 
 @pytest.mark.parametrize("world", worlds(backends=("gloo",), sizes=(2,)), indirect=True)
@@ -131,16 +131,17 @@ def test_bad_checkpoints_give_clear_errors_and_change_nothing(world, tmp_path):
     for seen in world.run(zero_ckpt_checks.bad_inputs, str(tmp_path / "ckpt")):
         assert seen.pop("untouched") is True
         expected = {
-            "another model": ["meta.json", "a checkpoint of another model", "(32,)", "(48,)"],
-            "stage mismatch": ["meta.json", "stage 2", "stage 1"],
-            "no checkpoint": ["no checkpoint at", "nowhere"],
-            "missing shard": ["shard-00001.pt", "shard missing"],
-            "truncated shard": ["shard-00000.pt", "100 bytes", "truncated"],
+            "another model": ("CheckpointIncompatibleError",
+                              ["manifest.json", "a checkpoint of another model", "(32,)", "(48,)"]),
+            "stage mismatch": ("CheckpointIncompatibleError", ["manifest.json", "stage 2", "stage 1"]),
+            "no checkpoint": ("CheckpointNotFoundError", ["no checkpoint at", "nowhere"]),
+            "missing shard": ("CheckpointMissingShardError", ["rank ", "shard-00001.pt", "shard missing"]),
+            "truncated shard": ("CheckpointCorruptError", ["rank ", "shard-00000.pt", "100 bytes", "truncated"]),
         }
         assert sorted(seen) == sorted(expected)
-        for case, words in expected.items():
+        for case, (kind, words) in expected.items():
             name, message = seen[case]
-            assert name == "CheckpointError", (case, name, message)
+            assert name == kind, (case, name, message)
             for word in words:
                 assert word in message, (case, word, message)
     for seen in world.run(zero_ckpt_checks.interrupted_save, str(tmp_path / "crash")):
