@@ -259,8 +259,8 @@ def resolve(path, rank: int | None = None) -> Path:
     latest = root / LATEST
     if latest.is_file():
         try:
-            name = latest.read_text().strip()
-        except (OSError, UnicodeDecodeError) as error:
+            name = latest.read_bytes().decode("utf-8", "replace").strip()
+        except OSError as error:
             raise CheckpointCorruptError.at(latest, f"cannot read it: {error}", rank=rank) from None
         if not name or name != Path(name).name or name.startswith("."):
             raise CheckpointCorruptError.at(latest, f"names {name!r}, not a checkpoint folder", rank=rank)
@@ -410,7 +410,7 @@ def load_checkpoint(optimizer, path) -> Path:
     seen = [run_id_from_numbers(n) for n in _exchange(optimizer, problem, run_id_numbers(run_id), CheckpointError,
                                                       f"loading {path}")]
     if len(set(seen)) > 1:  # e.g. `latest` changed between the ranks' reads, or ranks see different folders
-        raise CheckpointForeignError(f"{path}: the ranks read different checkpoints: "
+        raise CheckpointForeignError("the ranks read different checkpoints: "
                                      + ", ".join(f"rank {r} run id {s}" for r, s in enumerate(seen)),
                                      rank=rank, file=path, reason="the ranks read different checkpoints")
     _apply(optimizer, manifest, *prepared)
