@@ -1,8 +1,8 @@
-"""What checksums cost a checkpoint: save and load of a ~10 M-parameter model's shard, with and without CRC-32.
+"""What checksums cost a checkpoint: save and load of a ~8.4 M-parameter model's shard, with and without CRC-32.
 
     python -m zerocomm.benchmarks.checkpoint_bench [--repeat 5] [--stage 1]
 
-One process (a gloo world of one) builds ``TinyLM.benchmark_size()`` (about 10 M parameters), takes one
+One process (a gloo world of one) builds ``TinyLM.benchmark_size()`` (about 8.4 M parameters), takes one
 Adam step under ZeRO and times, side by side, on the same shard (float32 masters + Adam's two moments,
 about 12 bytes per parameter):
 
