@@ -3,7 +3,8 @@
 ``initialize(model, optimizer_factory, config, group=None) -> (model, optimizer)``; see
 initialize.py for the training loop, config.py for the settings (and the DeepSpeed keys read),
 stages.py for the table of parts each stage is made of, optimizer.py for the wrapper that composes them,
-checkpoint.py for ``optimizer.save`` / ``optimizer.load`` (any world size) and consolidation.py for ``consolidate`` (its command line: consolidate.py).
+checkpoint.py for ``optimizer.save`` / ``optimizer.load`` (any world size; the on-disk format and its checksums
+in manifest.py, the ranks' agreement before anything changes in agreement.py) and consolidation.py for ``consolidate`` (its command line: consolidate.py).
 """
 from .config import ZeroConfig
 from .errors import (CheckpointCorruptError, CheckpointError, CheckpointForeignError, CheckpointIncompatibleError,
