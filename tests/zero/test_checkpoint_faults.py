@@ -137,3 +137,29 @@ def test_a_save_interrupted_anywhere_leaves_a_loadable_checkpoint_and_a_rerun_su
 def test_the_tests_fault_points_are_the_saves():
     assert {p for p, _, _ in SAVE_FAULTS} == set(checkpoint.FAULT_POINTS)
     assert issubclass(CheckpointSaveError, CheckpointError)
+
+
+def test_run_ids_shard_crcs_and_the_manifests_own_crc(tmp_path):
+    import torch
+
+    from zerocomm.zero.manifest import (FORMAT, file_crc32, new_run_id, read_manifest, run_id_from_numbers,
+                                        run_id_numbers, write_manifest, write_shard)
+
+    ids = set()
+    for _ in range(50):
+        torch.manual_seed(0)  # a seeded torch generator does not make run ids repeat
+        run_id = new_run_id()
+        numbers = run_id_numbers(run_id)
+        assert all(-(1 << 63) <= n < (1 << 63) for n in numbers) and run_id_from_numbers(numbers) == run_id
+        ids.add(run_id)
+    assert len(ids) == 50
+    nbytes, crc = write_shard({"x": torch.arange(1000), "run_id": "r"}, tmp_path / "s.pt")
+    assert nbytes == (tmp_path / "s.pt").stat().st_size and crc == file_crc32(tmp_path / "s.pt")
+    manifest = {"format": FORMAT, "run_id": "r", "world_size": 1, "stage": 1, "tensors": {}, "buckets": [],
+                "params": [], "shards": [{"file": "s.pt", "bytes": nbytes, "crc32": f"{crc:08x}"}]}
+    write_manifest(tmp_path, manifest)
+    assert read_manifest(tmp_path) == manifest
+    text = (tmp_path / "manifest.json").read_text()
+    (tmp_path / "manifest.json").write_text(text.replace('"stage": 1', '"stage": 2'))
+    with pytest.raises(CheckpointCorruptError, match="the manifest's CRC-32 is .* the manifest was damaged"):
+        read_manifest(tmp_path)
