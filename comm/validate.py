@@ -21,7 +21,8 @@ import torch
 import torch.distributed as _td
 
 from . import select
-from .algorithms import ALGORITHM_CHOICES, ALGORITHM_NAMES, ALGORITHMS, COLLECTIVES
+from .algorithms import ALGORITHM_CHOICES, ALGORITHM_NAMES, ALGORITHMS, COLLECTIVES, COMPRESSED
+from .algorithms.compressed import SUB_COLLECTIVES, sub_algorithm
 from .errors import CollectiveMismatchError, InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
@@ -276,11 +277,12 @@ def _onebit(tensor, op: str, g: Group, async_op, algorithm, compression, state, 
                                    f"zerocomm.ops.ErrorFeedback (one per tensor), got {type(state).__name__}")
     inner = WORLD.config.algorithm if algorithm is None else algorithm
     inner = "native" if inner == "auto" else inner
-    if inner not in ("native", "ring", "tree"):
+    if inner not in ALGORITHM_NAMES or inner in COMPRESSED:
         raise UnsupportedError(f"rank {rank}: all_reduce with compression='onebit' on backend {g.backend!r} cannot "
-                               f"run over algorithm={inner!r}; use 'native', 'ring' or 'tree'")
-    for step, wanted in (("all_to_all", "ring" if inner == "tree" else inner), ("all_gather", inner)):
-        choose_algorithm(step, g, torch.uint8, None, tensor.numel() // 8, wanted, "all_reduce")
+                               f"run over algorithm={inner!r}; use one of "
+                               f"{[a for a in ALGORITHM_NAMES if a not in COMPRESSED]}")
+    for step in SUB_COLLECTIVES:
+        choose_algorithm(step, g, torch.uint8, None, tensor.numel() // 8, sub_algorithm(step, inner), "all_reduce")
     return Call("all_reduce", g, (_flat(tensor), op), op, -1, "onebit", ALGORITHMS[("all_reduce", "onebit")],
                 {"state": state, "inner": inner}, async_op, None, (tensor,), (), nbytes, tensor.numel(), tensor.dtype)
 
