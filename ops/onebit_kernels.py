@@ -41,7 +41,7 @@ import torch
 
 #: Elements per CPU block: the block of x, its scratch and its mask (~0.6 MiB in float32) stay in
 #: L2 while the block's ufuncs run; larger blocks spill, smaller ones pay more per-call overhead.
-BLOCK = 1 << 15
+BLOCK = 1 << 18
 
 #: Packing multiplier of the torch path: eight 0/1 bytes of a little-endian uint64 times this put
 #: byte i's bit at bit 56 + i (the products never overlap, so there are no carries).
@@ -195,13 +195,21 @@ class _CpuCodec(Codec):
         return (self.rows * self.np_dtype.type(scale)).view(self.item).reshape(256)
 
     def decode_into(self, table: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
-        """``out`` (8 values per packed byte) ← the table rows of the bytes."""
-        np.take(table, packed, out=out.view(self.item).reshape(-1))
+        """``out`` (8 values per packed byte) ← the table rows of the bytes, a block at a time (a take
+        over a whole segment runs at half the speed: its index conversion leaves the cache)."""
+        items = out.view(self.item).reshape(-1)
+        step = BLOCK // 8
+        for a in range(0, packed.size, step):
+            np.take(table, packed[a:a + step], out=items[a:a + step])
 
     def mean_source(self, packed_rows: np.ndarray, scales: list[float]) -> Callable[[int, int], np.ndarray]:
         """``src(a, b)``: the mean over the rows of their decoded elements [a, b), summed in row order."""
-        tables = [self.table(s) for s in scales]
-        divisor = self.np_dtype.type(len(tables))
+        n = len(scales)
+        # For n a power of two, dividing by n scales exactly, so it can go into the tables: one pass
+        # fewer, the same values (barring subnormal scales).
+        folded = n & (n - 1) == 0
+        tables = [self.table(s / n if folded else s) for s in scales]
+        divisor = None if folded else self.np_dtype.type(n)
 
         def src(a: int, b: int) -> np.ndarray:
             lo, hi = a // 8, -(-b // 8)
@@ -210,7 +218,8 @@ class _CpuCodec(Codec):
             for table, row in zip(tables[1:], packed_rows[1:]):
                 self.decode_into(table, row[lo:hi], tmp)
                 np.add(acc, tmp, out=acc)
-            np.divide(acc, divisor, out=acc)
+            if divisor is not None:
+                np.divide(acc, divisor, out=acc)
             return acc[:b - a]
 
         return src
