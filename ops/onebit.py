@@ -29,9 +29,11 @@ Error feedback (1-bit Adam, Tang et al. 2021)
     padded bucket's size) and the server error (step 3, this rank's segment's
     size).  The communication between the steps belongs to ``zerocomm.comm``.
 
-CUDA
-    Every kernel here is plain torch (shift, compare, sum), so CUDA tensors are
-    packed on their device by the same code as CPU tensors; there is no cupy path.
+Kernels
+    The functions here work on one tensor at a time (plain torch, any device).  The
+    compressed all_reduce runs its three local steps through ``ErrorFeedback.worker_step``,
+    ``server_step`` and the codec's ``decode``, each one fused pass over the data
+    (``ops/onebit_kernels.py``: numpy blocks on CPU, torch or cupy on CUDA).
 """
 from __future__ import annotations
 
