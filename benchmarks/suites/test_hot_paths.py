@@ -48,6 +48,13 @@ def test_error_feedback_worker_step(benchmark):
     benchmark(state.compensate_and_compress, x)
 
 
+def test_onebit_fused_worker_step(benchmark):
+    """The compressed all_reduce's worker step (one fused pass), sized for 4 ranks."""
+    state = ErrorFeedback("bench")
+    x = torch.randn(N)
+    benchmark(state.worker_step, x, 4, 0)
+
+
 def test_flatten_and_unflatten(benchmark):
     tensors = [torch.randn(1024, 256) for _ in range(16)]  # 4 Mi elements in 16 tensors
 
