@@ -23,7 +23,7 @@ sees one read of the state and the input and one write of the state per call.  n
 torch for the element passes: its comparison writes a bool mask ~5x faster than ``torch.ge``, and
 its ufunc calls cost ~1 µs against torch's ~5 µs per block.  Signs are packed with
 ``np.packbits`` (little-end bit order, see ``ops/onebit.py``) and unpacked with a 256-row table:
-row b holds the 8 values ``±scale`` that byte b encodes, copied with one ``np.take`` per range
+row b holds the 8 values ``±scale`` that byte b encodes, copied with one ``np.take`` per block
 (the rows are viewed as one 32-byte item, so each byte costs one fixed-size copy).
 
 Other devices run the same arithmetic with whole-tensor torch ops (``_TorchCodec``), or, on CUDA
@@ -111,6 +111,7 @@ class _CpuCodec(Codec):
         self.tmp = np.empty(BLOCK, self.np_dtype)
         self.acc = np.empty(BLOCK, self.np_dtype)
         self.mask = np.empty(BLOCK, np.bool_)
+        self.index = np.empty(BLOCK // 8, np.intp)
         self.send_np, self.recv_np = self.send.numpy(), self.recv.numpy()
         self.mine_np, self.gathered_np = self.mine.numpy(), self.gathered.numpy()
 
@@ -195,12 +196,17 @@ class _CpuCodec(Codec):
         return (self.rows * self.np_dtype.type(scale)).view(self.item).reshape(256)
 
     def decode_into(self, table: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
-        """``out`` (8 values per packed byte) ← the table rows of the bytes, a block at a time (a take
-        over a whole segment runs at half the speed: its index conversion leaves the cache)."""
+        """``out`` (8 values per packed byte) ← the table rows of the bytes, a block at a time.
+
+        The bytes are first widened into a reused intp index: ``np.take`` then skips its own
+        conversion, and ``mode="clip"`` its bounds check (a byte is always a row): 4x faster than a
+        take indexed by the uint8 bytes."""
         items = out.view(self.item).reshape(-1)
         step = BLOCK // 8
         for a in range(0, packed.size, step):
-            np.take(table, packed[a:a + step], out=items[a:a + step])
+            index = self.index[:min(step, packed.size - a)]
+            np.copyto(index, packed[a:a + step])
+            np.take(table, index, out=items[a:a + step], mode="clip")
 
     def mean_source(self, packed_rows: np.ndarray, scales: list[float]) -> Callable[[int, int], np.ndarray]:
         """``src(a, b)``: the mean over the rows of their decoded elements [a, b), summed in row order."""
