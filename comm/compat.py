@@ -33,7 +33,8 @@ from torch.distributed import (  # noqa: F401  (re-exported unchanged: none hold
     register_rendezvous_handler, rendezvous, set_debug_level, set_debug_level_from_env, supports_complex)
 from torch.distributed import GroupName, RankType, default_pg_timeout  # noqa: F401
 
-from . import api, p2p
+from . import p2p, torch_events, validate
+from .api import _profiling
 from .errors import CommTimeoutError, InvalidArgumentError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .process_group import new_group
@@ -187,6 +188,14 @@ def _then(works: List[Work], finish, description: str, outputs) -> Work:
     return Work(description, future, outputs)
 
 
+def _issue(calls, title: str, inputs) -> List[Work]:
+    """Run checked async ``calls`` of one group in order; under torch's profiler as one event, as torch's
+    gloo records a coalesced call (see torch_events.py)."""
+    if _profiling():
+        return torch_events.run_all(calls, title, inputs)
+    return [call.group.run(call) for call in calls]
+
+
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """All-reduce every tensor of ``tensors`` in place: one flat all_reduce per dtype among them."""
     if isinstance(tensors, torch.Tensor):
@@ -207,7 +216,8 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = 
                 t.copy_(flat[offset:offset + t.numel()].view(t.shape))
                 offset += t.numel()
 
-    works = [api.all_reduce(flat, op, g, async_op=True) for flat, _ in flats]
+    calls = [validate.all_reduce(flat, op, g, True, None, None, None) for flat, _ in flats]
+    works = _issue(calls, "all_reduce", tensors)
     if async_op:
         return _then(works, finish, "all_reduce_coalesced", list(tensors))
     for work in works:
@@ -248,7 +258,8 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
                 out.copy_(gathered[offset:offset + t.numel()].view(out.shape))
                 offset += t.numel()
 
-    work = api.all_gather_into_tensor(gathered, flat, g, async_op=True)
+    work, = _issue([validate.all_gather_into_tensor(gathered, flat, g, True, None)], "all_gather",
+                   input_tensor_list)
     if async_op:
         return _then([work], finish, collective, [t for ts in output_tensor_lists for t in ts])
     work.wait()

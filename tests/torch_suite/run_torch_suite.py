@@ -3,7 +3,7 @@ installed torch) on CPU with ``dist`` replaced by ``zerocomm.comm``.  Opt-in: no
 test run (``tests/torch_suite`` holds no ``test_*.py``).
 
     flock /tmp/zerocomm-heavy.lock python tests/torch_suite/run_torch_suite.py --world-size 2 [-k EXPR] [--junit F]
-        [--torch-default-group]   # also torch's default group on backend "zerocomm", for the DDP cases
+        [--no-torch-default-group]   # zerocomm.comm only: torch's default group left uninitialized
 
 Each case forks ``world-size`` ranks (torch's ``MultiProcessTestCase``; fork, not spawn, so the patched
 module is what the ranks run); every rank calls ``zerocomm.comm.init_process_group("gloo")``.  The script
@@ -21,8 +21,9 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("-k", default=None, help="pytest -k expression")
     parser.add_argument("--junit", default=None, help="write a JUnit XML report here")
-    parser.add_argument("--torch-default-group", action="store_true",
-                        help="also initialize torch's default group on backend 'zerocomm' (for the DDP cases)")
+    parser.add_argument("--no-torch-default-group", dest="torch_default_group", action="store_false",
+                        help="do not also initialize torch's default group on backend 'zerocomm' (the DDP cases, "
+                             "which hand torch's DDP the default group, then fail)")
     parser.add_argument("--case-timeout", type=int, default=60, help="seconds per case (torch's default is 300)")
     args = parser.parse_args()
     os.environ.update(BACKEND="gloo", WORLD_SIZE=str(args.world_size),
