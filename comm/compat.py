@@ -32,6 +32,8 @@ from torch.distributed import (  # noqa: F401  (re-exported unchanged: none hold
     Store, TCPStore, get_debug_level, get_default_backend_for_device, is_torchelastic_launched,
     register_rendezvous_handler, rendezvous, set_debug_level, set_debug_level_from_env, supports_complex)
 from torch.distributed import GroupName, RankType, default_pg_timeout  # noqa: F401
+# The types a DDP communication hook is written against (DDP itself runs on init_process_group("zerocomm")).
+from torch.distributed import BuiltinCommHookType, GradBucket  # noqa: F401
 
 from . import p2p, torch_events, validate
 from .api import _profiling
@@ -40,7 +42,7 @@ from .group import NON_GROUP_MEMBER, WORLD, Group
 from .process_group import new_group
 from .reduce_op import ReduceOp
 from .validate import resolve_group
-from .work import Work, timeout_seconds
+from .work import Work
 
 #: The user tag ``monitored_barrier`` uses (the top of the user's tag range; see ``p2p``).
 _MONITOR_TAG = p2p.USER_TAG_LIMIT - 1
@@ -277,10 +279,15 @@ def monitored_barrier(group: Optional[Group] = None, timeout=None, wait_all_rank
     missing rank, or every missing rank when ``wait_all_ranks``.
     """
     g = resolve_group(group, "monitored_barrier")
-    seconds = timeout_seconds(timeout) or g.timeout.total_seconds()
+    # None: the group's timeout; zero (or less) is a real, already spent, limit (as torch's gloo).
+    seconds = g.timeout.total_seconds() if timeout is None else max(
+        timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout), 0.0)
     token = torch.zeros(1, dtype=torch.uint8)
     if g.size() == 1:
         return None
+    if g.rank == 0 and seconds == 0:
+        raise CommTimeoutError(f"rank {g.my_global_rank}: monitored_barrier on {g.describe()}: Rank "
+                               f"{g.my_global_rank} timed out in monitoredBarrier after 0 ms")
     if g.rank != 0:
         p2p.send(token, group=g, group_dst=0, tag=_MONITOR_TAG)
         p2p.recv(token, group=g, group_src=0, tag=_MONITOR_TAG)
@@ -344,6 +351,7 @@ __all__ = [
     "ReduceScatterOptions", "ScatterOptions", "Store", "TCPStore", "get_debug_level", "get_default_backend_for_device",
     "is_torchelastic_launched", "register_rendezvous_handler", "rendezvous", "set_debug_level",
     "set_debug_level_from_env", "supports_complex", "GroupName", "RankType", "default_pg_timeout", "timedelta",
+    "BuiltinCommHookType", "GradBucket",
     "is_gloo_available", "is_mpi_available", "is_nccl_available", "is_ucc_available", "is_xccl_available",
     "is_backend_available", "get_process_group_ranks", "get_pg_count", "get_backend_config", "get_node_local_rank",
     "new_subgroups", "new_subgroups_by_enumeration", "all_reduce_coalesced", "all_gather_coalesced",

@@ -77,6 +77,9 @@ def resolve_group(group, what: str) -> Group:
         world = WORLD.require(what)
         raise InvalidArgumentError(f"rank {world.my_global_rank}: {what}: this process is not a member of the "
                                    "group it passed (new_group returned NON_GROUP_MEMBER here)")
+    inner = getattr(group, "zerocomm_group", None)  # a torch group made by init_process_group("zerocomm")
+    if isinstance(inner, Group):
+        return resolve_group(inner, what)
     raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
 
 
