@@ -37,7 +37,7 @@ from torch.distributed import BuiltinCommHookType, GradBucket  # noqa: F401
 
 from . import p2p, torch_events, validate
 from .api import _profiling
-from .errors import CommTimeoutError, InvalidArgumentError
+from .errors import CommError, CommTimeoutError, InvalidArgumentError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .process_group import new_group
 from .reduce_op import ReduceOp
@@ -114,6 +114,11 @@ def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
     raise RuntimeError("LOCAL_RANK is not in the environment. Consider passing fallback_rank to allow "
                        "`get_node_local_rank` to work, assuming you are not running in a multi-device context "
                        "and want the code to run locally instead.")
+
+
+def _rank_not_in_group(group) -> bool:
+    """torch's private test helper, used by code written against torch: True for ``NON_GROUP_MEMBER``."""
+    return group is NON_GROUP_MEMBER
 
 
 # -- subgroups ---------------------------------------------------------------------------------------
@@ -289,8 +294,16 @@ def monitored_barrier(group: Optional[Group] = None, timeout=None, wait_all_rank
         raise CommTimeoutError(f"rank {g.my_global_rank}: monitored_barrier on {g.describe()}: Rank "
                                f"{g.my_global_rank} timed out in monitoredBarrier after 0 ms")
     if g.rank != 0:
-        p2p.send(token, group=g, group_dst=0, tag=_MONITOR_TAG)
-        p2p.recv(token, group=g, group_src=0, tag=_MONITOR_TAG)
+        # The release is awaited within the same timeout as rank 0's wait (as torch's gloo does): a rank 0 that
+        # failed, or that found a missing rank, sends none.
+        try:
+            p2p.send(token, group=g, group_dst=0, tag=_MONITOR_TAG)
+            p2p.irecv(token, group=g, group_src=0, tag=_MONITOR_TAG).wait(timedelta(seconds=max(seconds, 1e-3)))
+        except CommError as error:
+            raise type(error)(f"rank {g.my_global_rank}: monitored_barrier on {g.describe()}: Rank {g.my_global_rank} "
+                              f"successfully reached monitoredBarrier, but received errors while waiting for "
+                              f"send/recv from rank {g.ranks[0]}. Please check rank {g.ranks[0]} logs for faulty "
+                              f"rank ({error})") from None
         return None
     deadline = time.monotonic() + seconds
     pending = {r: p2p.irecv(torch.zeros(1, dtype=torch.uint8), group=g, group_src=r, tag=_MONITOR_TAG)
