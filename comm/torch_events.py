@@ -33,9 +33,9 @@ import torch
 
 def run_all(calls: Sequence, name: str, inputs) -> List:
     """Run ``calls`` (checked ``validate.Call``\\ s of one group, issued in order) under one event
-    ``"<backend>:<name>"`` (``name`` is torch's title: both all_to_all forms are "all_to_all") recording the
-    shapes of ``inputs`` as they travel (complex ones as real views); returns what ``Group.run`` returns for each (a ``Work``
-    if the call is ``async_op``, else ``None`` once done)."""
+    ``"<backend>:<name>"`` (``name`` is torch's title: both all_to_all forms are "all_to_all") recording
+    the shapes of ``inputs`` as they travel (complex ones as real views).  Returns what ``Group.run``
+    returns for each: a ``Work`` if the call is ``async_op``, else ``None`` once done."""
     group = calls[0].group
     moved = [torch.view_as_real(t) if t.is_complex() else t for t in inputs]
     record = torch.autograd._record_function_with_args_enter(f"{group.backend}:{name}", *moved)
