@@ -20,6 +20,7 @@ from .reduce_op import ReduceOp
 from .work import Work
 from . import compat as _compat
 from .compat import *  # noqa: F401,F403  (the rest of torch.distributed's names; see compat.__all__)
+from .compat import _rank_not_in_group  # noqa: F401  (private in torch too, but code written against torch uses it)
 from . import c10d
 
 c10d.register()  # torch code may now say init_process_group(backend="zerocomm")

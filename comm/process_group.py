@@ -152,6 +152,9 @@ def _group_or_world(group, what: str) -> Optional[Group]:
         return None
     if isinstance(group, Group):
         return group
+    inner = getattr(group, "zerocomm_group", None)  # a torch group made by init_process_group("zerocomm")
+    if isinstance(inner, Group):
+        return inner
     raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
 
 

@@ -26,6 +26,7 @@ from .algorithms.compressed import SUB_COLLECTIVES, sub_algorithm
 from .errors import CollectiveMismatchError, InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
+from .sparse import all_reduce_sparse
 
 _DTYPES = frozenset(SUPPORTED_DTYPES)
 _OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -77,6 +78,9 @@ def resolve_group(group, what: str) -> Group:
         world = WORLD.require(what)
         raise InvalidArgumentError(f"rank {world.my_global_rank}: {what}: this process is not a member of the "
                                    "group it passed (new_group returned NON_GROUP_MEMBER here)")
+    inner = getattr(group, "zerocomm_group", None)  # a torch group made by init_process_group("zerocomm")
+    if isinstance(inner, Group):
+        return resolve_group(inner, what)
     raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
 
 
@@ -160,7 +164,7 @@ def _real(tensor, collective: str, group: Group, op=None):
     """A complex tensor as its real view (``torch.view_as_real``: shape ``(..., 2)``, the same storage), as
     torch moves it; every other tensor unchanged.  A reduction that does not admit complex numbers
     (``torch.distributed.supports_complex``: MIN, MAX, PRODUCT, bitwise) raises torch's error; a sparse
-    tensor raises ``UnsupportedError``."""
+    tensor raises ``UnsupportedError`` (all_reduce's SUM of a sparse tensor is served before, by ``sparse.py``)."""
     if not isinstance(tensor, torch.Tensor):
         return tensor
     if tensor.layout is not torch.strided:
@@ -251,6 +255,8 @@ def broadcast(tensor, src, group, async_op, group_src, algorithm) -> Call:
 
 def all_reduce(tensor, op, group, async_op, algorithm, compression, state) -> Call:
     g = resolve_group(group, "all_reduce")
+    if isinstance(tensor, torch.Tensor) and tensor.is_sparse:
+        return _sparse_all_reduce(tensor, op, g, async_op)
     tensor = _real(tensor, "all_reduce", g, op)
     check_tensor(tensor, "tensor", "all_reduce", g)
     name = _op(op, tensor.dtype, "all_reduce", g)
@@ -260,6 +266,19 @@ def all_reduce(tensor, op, group, async_op, algorithm, compression, state) -> Ca
         return Call("all_reduce", g, (_flat(tensor), name), name, -1, algo, fn, None, async_op, None, (tensor,), (),
                     nbytes, tensor.numel(), tensor.dtype)
     return _onebit(tensor, name, g, async_op, algorithm, compression, state, nbytes)
+
+
+def _sparse_all_reduce(tensor, op, g: Group, async_op) -> Call:
+    """A sparse COO tensor's SUM (see ``sparse.py``); other ops raise, as in torch's gloo."""
+    if op != _SUM:
+        raise UnsupportedError(f"rank {g.my_global_rank}: all_reduce: sparse tensors support ReduceOp.SUM only, got "
+                               f"{op}; reduce .to_dense() for other ops")
+    if tensor.device.type != "cpu":
+        raise UnsupportedError(f"rank {g.my_global_rank}: all_reduce: sparse tensors are reduced on the CPU only, got "
+                               f"one on {tensor.device}")
+    # Named "ring" (its three all_gathers are rings), so that debug mode's fingerprint knows it.
+    return Call("all_reduce", g, (tensor,), "sum", -1, "ring", all_reduce_sparse, None, async_op, None, (tensor,), (),
+                tensor._nnz() * tensor.element_size(), tensor.numel(), tensor.dtype)
 
 
 def _onebit(tensor, op: str, g: Group, async_op, algorithm, compression, state, nbytes: int) -> Call:
