@@ -90,6 +90,20 @@ KERNELS: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
 }
 
 
+#: ``KERNELS_OUT[op](a, b, out)`` writes ``a (op) b`` into ``out`` (which may be ``a`` or ``b``), unchecked:
+#: one pass over memory where a copy followed by an in-place combine would take two.
+KERNELS_OUT: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]] = {
+    "sum": lambda a, b, out: torch.add(a, b, out=out),
+    "avg": lambda a, b, out: torch.add(a, b, out=out),
+    "product": lambda a, b, out: torch.mul(a, b, out=out),
+    "min": lambda a, b, out: torch.minimum(a, b, out=out),
+    "max": lambda a, b, out: torch.maximum(a, b, out=out),
+    "band": lambda a, b, out: torch.bitwise_and(a, b, out=out),
+    "bor": lambda a, b, out: torch.bitwise_or(a, b, out=out),
+    "bxor": lambda a, b, out: torch.bitwise_xor(a, b, out=out),
+}
+
+
 def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> torch.Tensor:
     """Combine ``src`` into ``dst`` elementwise, in place: ``dst = dst (op) src``; returns ``dst``.
 
