@@ -63,7 +63,7 @@ PREFIX = "zerocomm-"
 #: Bytes of one rank's control line (two cache lines: no false sharing between ranks' words).
 LINE = 128
 #: Bytes of one rank's slot in one of the three round buffers (pieces of a message are at most this).
-SLOT_BYTES = 1 << 20
+SLOT_BYTES = 2 << 20
 #: Alignment of slots and heap regions (a cache line; every dtype's element size divides it).
 ALIGN = 64
 #: Polls of a peer's step word before sleeping (each yields the core after the first few).
