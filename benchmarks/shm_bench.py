@@ -10,8 +10,6 @@ Each world runs under ``mpiexec -n N``; in the same processes, interleaved round
 * torch gloo: ``torch.distributed.all_reduce`` on torch's own gloo group (a FileStore);
 * zerocomm ``algorithm="shm"``, ``"ring"`` and ``"native"`` (over its MPI backend), through the public API;
 * zerocomm shm zero-copy: the tensor comes from ``zerocomm.comm.shared_empty``;
-* shm, algorithm only: ``all_reduce_shm`` called on the communicator directly (no API: what the
-  schedule itself costs, without validation, selection and ordering);
 * the copy bound: one ``copy_`` of S bytes on every rank at once.  An all_reduce must read every
   rank's input and write every rank's output at least once, so it moves at least what this copy
   moves; "of bound" is the bound's time over the variant's (1 = at the bound).
@@ -32,7 +30,7 @@ import time
 
 SIZES = (8, 16 << 20)
 VARIANTS = ("MPICH (mpi4py Allreduce)", "torch gloo", "zerocomm native (mpi)", "zerocomm ring", "zerocomm shm",
-            "zerocomm shm zero-copy", "shm, algorithm only", "copy bound (copy_)")
+            "zerocomm shm zero-copy", "copy bound (copy_)")
 
 
 def _schedule(nbytes: int) -> tuple[int, int]:
@@ -48,7 +46,6 @@ def worker(folder: str, out_path: str) -> None:
     from mpi4py import MPI
 
     import zerocomm.comm as dist
-    from zerocomm.comm.algorithms.shm import all_reduce_shm
 
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
@@ -57,8 +54,6 @@ def worker(folder: str, out_path: str) -> None:
     td.init_process_group("gloo", init_method=f"file://{folder}/torch", rank=rank, world_size=n,
                           timeout=datetime.timedelta(seconds=300))
     raw = world.Dup()
-    from zerocomm.comm.group import WORLD
-    communicator = WORLD.default.communicator
     results = {}
     for nbytes in SIZES:
         numel = max(1, nbytes // 4)
@@ -74,8 +69,6 @@ def worker(folder: str, out_path: str) -> None:
             "zerocomm ring": lambda: dist.all_reduce(tensor, algorithm="ring"),
             "zerocomm shm": lambda: dist.all_reduce(tensor, algorithm="shm"),
             "zerocomm shm zero-copy": lambda: dist.all_reduce(shared, algorithm="shm"),
-            "shm, algorithm only": lambda: all_reduce_shm(communicator, tensor, "sum", tag=0, deadline=None,
-                                                          segment_bytes=4 << 20),
             "copy bound (copy_)": lambda: target.copy_(source),
         }
         per_round, rounds = _schedule(nbytes)
