@@ -90,17 +90,18 @@ KERNELS: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
 }
 
 
-#: ``KERNELS_OUT[op](a, b, out)`` writes ``a (op) b`` into ``out`` (which may be ``a`` or ``b``), unchecked:
-#: one pass over memory where a copy followed by an in-place combine would take two.
-KERNELS_OUT: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]] = {
-    "sum": lambda a, b, out: torch.add(a, b, out=out),
-    "avg": lambda a, b, out: torch.add(a, b, out=out),
-    "product": lambda a, b, out: torch.mul(a, b, out=out),
-    "min": lambda a, b, out: torch.minimum(a, b, out=out),
-    "max": lambda a, b, out: torch.maximum(a, b, out=out),
-    "band": lambda a, b, out: torch.bitwise_and(a, b, out=out),
-    "bor": lambda a, b, out: torch.bitwise_or(a, b, out=out),
-    "bxor": lambda a, b, out: torch.bitwise_xor(a, b, out=out),
+#: ``KERNELS_OUT[op](a, b, out=dst)`` writes ``a (op) b`` into ``dst`` (which may be ``a`` or ``b``), unchecked:
+#: one pass over memory where a copy followed by an in-place combine would take two.  torch's own functions,
+#: so a call enters no Python frame.
+KERNELS_OUT: dict[str, Callable[..., object]] = {
+    "sum": torch.add,
+    "avg": torch.add,
+    "product": torch.mul,
+    "min": torch.minimum,
+    "max": torch.maximum,
+    "band": torch.bitwise_and,
+    "bor": torch.bitwise_or,
+    "bxor": torch.bitwise_xor,
 }
 
 

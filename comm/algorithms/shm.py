@@ -80,7 +80,7 @@ def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, 
     if not out_ranks:
         return
     slots = [a.slot(k, p, tensor.dtype)[:numel] for p in range(a.n)]
-    KERNELS_OUT[op](slots[0], slots[1], tensor)
+    KERNELS_OUT[op](slots[0], slots[1], out=tensor)
     combine = KERNELS[op]
     for p in range(2, a.n):
         combine(tensor, slots[p])
@@ -134,7 +134,7 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
         peers = [p for p in range(n) if p != r]
         mine = tensor[lo + s:lo + e]
         dst = mine if heap >= 0 else a.slot(first + k, r, dtype)[s:e]
-        KERNELS_OUT[op](mine, source(k, peers[0])[s:e], dst)
+        KERNELS_OUT[op](mine, source(k, peers[0])[s:e], out=dst)
         combine = KERNELS[op]
         for p in peers[1:]:
             combine(dst, source(k, p)[s:e])
@@ -230,7 +230,7 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
         a.sync(deadline, what)
         region = slice(r * piece, r * piece + hi - lo)
         out = output[lo:hi]
-        KERNELS_OUT[op](input[r * m + lo:r * m + hi], a.slot(first + k, peers[0], dtype)[region], out)
+        KERNELS_OUT[op](input[r * m + lo:r * m + hi], a.slot(first + k, peers[0], dtype)[region], out=out)
         for p in peers[1:]:
             combine(out, a.slot(first + k, p, dtype)[region])
     _finalize(output, op, n)
