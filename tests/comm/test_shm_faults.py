@@ -80,3 +80,57 @@ def test_a_killed_rank_gives_the_others_a_typed_error_and_leaves_no_segment(tmp_
             if process.is_alive():
                 process.kill()
                 process.join(5)
+
+
+def _on_two_hosts(rank: int, folder: str, conn) -> None:
+    """Ranks 0, 2 on pretend host a, rank 1 on b: explicit shm is refused before any byte moves."""
+    code = 0
+    try:
+        os.environ["ZEROCOMM_HOST"] = "a" if rank % 2 == 0 else "b"
+        import zerocomm.comm as dist
+        dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=N,
+                                timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        x = torch.ones(5)
+        try:
+            dist.all_reduce(x, algorithm="shm")
+            refusal = None
+        except dist.UnsupportedError as error:
+            refusal = str(error)
+        plain = dist.shared_empty(3)
+        chosen = [dist.which_algorithm("all_reduce", torch.ones(n)) for n in (2, 1 << 20)]
+        even = dist.new_group([0, 2])  # one host: shm works there
+        if rank != 1:
+            y = torch.full((4,), float(rank))
+            dist.all_reduce(y, group=even, algorithm="shm")
+            summed = y.tolist()
+        else:
+            summed = None
+        dist.all_reduce(x)  # the world is unaffected by the refusal
+        conn.send((refusal, x.tolist(), type(plain).__name__, plain.shape, chosen, summed))
+    except BaseException as error:
+        conn.send(("setup failed", repr(error)))
+        code = 1
+    os._exit(code)
+
+
+def test_ranks_on_several_hosts_refuse_shm_and_share_within_a_host(tmp_path):
+    context = multiprocessing.get_context("fork")
+    pipes = [context.Pipe(duplex=False) for _ in range(N)]
+    ranks = [context.Process(target=_on_two_hosts, args=(r, str(tmp_path), pipes[r][1])) for r in range(N)]
+    for process in ranks:
+        process.start()
+    try:
+        reports = [pipes[r][0].recv() if pipes[r][0].poll(60) else ("silent",) for r in range(N)]
+        for rank, report in enumerate(reports):
+            assert len(report) == 6, report
+            refusal, world_sum, plain_type, plain_shape, chosen, summed = report
+            assert refusal and "several hosts" in refusal and "'ring'" in refusal, refusal
+            assert world_sum == [float(N)] * 5
+            assert (plain_type, tuple(plain_shape)) == ("Tensor", (3,))
+            assert "shm" not in chosen, chosen
+            assert summed == (None if rank == 1 else [2.0] * 4)
+    finally:
+        for process in ranks:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
