@@ -342,6 +342,12 @@ class Arena:
         self._views.clear()
 
 
+def _home(t: Transport) -> Transport:
+    """The backend object itself: a wrapper that delegates to one (the byte counter's ``_inner``) must not
+    keep an arena of its own, or observed and unobserved calls would use different segments."""
+    return t.__dict__.get("_inner", t)
+
+
 def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
     """The arena of communicator ``t``, made by its first caller (every rank, same ``tag``) and cached on ``t``.
 
@@ -353,7 +359,7 @@ def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
     check_one_host(t, tag=tag, deadline=deadline)
     mm = map_together(t, Arena.nbytes(t.size, SLOT_BYTES), tag=tag, deadline=deadline)
     made = Arena(mm, t.size, t.rank, SLOT_BYTES)
-    t._zerocomm_shm = made
+    _home(t)._zerocomm_shm = made
     return made
 
 
@@ -375,7 +381,7 @@ def allocate_heap(t: Transport, nbytes: int, *, tag: int, deadline: Optional[flo
     stride = _aligned(max(nbytes, 1))
     mm = map_together(t, t.size * stride, tag=tag, deadline=deadline)
     heap = Heap(torch.frombuffer(mm, dtype=torch.uint8), stride)
-    heaps = t.__dict__.setdefault("_zerocomm_heaps", [])
+    heaps = _home(t).__dict__.setdefault("_zerocomm_heaps", [])
     heaps.append(heap)
     start = t.rank * stride
     return heap.raw[start:start + nbytes]
