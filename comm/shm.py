@@ -66,8 +66,9 @@ LINE = 128
 SLOT_BYTES = 2 << 20
 #: Alignment of slots and heap regions (a cache line; every dtype's element size divides it).
 ALIGN = 64
-#: Polls of a peer's step word before sleeping (each yields the core after the first few).
-SPINS = 64
+#: Seconds a waiter polls a peer's step word before sleeping, yielding the core between polls (another
+#: runnable process takes it; an idle core comes straight back): a futex sleep and wake costs tens of µs.
+SPIN_S = 50e-6
 #: Longest single sleep: how often a waiter re-checks its deadline and the peer's liveness.
 SLEEP_SLICE_S = 0.02
 #: Bytes of a segment name as exchanged.
@@ -298,11 +299,13 @@ class Arena:
         return ((int(self._u32[p * _WORDS + _ARRIVE]) - step) & _MASK) < 0x80000000
 
     def _wait_for(self, p: int, step: int, deadline: Optional[float], what: str) -> None:
-        for spin in range(SPINS):
+        until = time.perf_counter() + SPIN_S
+        while True:
             if self._reached(p, step):
                 return
-            if spin >= 4:
-                os.sched_yield()
+            if time.perf_counter() > until:
+                break
+            os.sched_yield()
         word = p * _WORDS + _ARRIVE
         address = self._base + 4 * word
         while True:
