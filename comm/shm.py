@@ -265,6 +265,16 @@ class Arena:
             self._views[key] = view
         return view
 
+    def slots(self, k: int, dtype: torch.dtype, numel: int) -> list:
+        """Every rank's first ``numel`` elements of its slot in round ``k``'s buffer (cached: small calls repeat)."""
+        key = (k % 3, dtype, numel)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) > 512:  # many distinct sizes: start over rather than grow without bound
+                self._views.clear()
+            views = self._views[key] = [self.slot(k, p, dtype)[:numel] for p in range(self.n)]
+        return views
+
     # -- per-call words ---------------------------------------------------------------------------
     def begin(self) -> int:
         """Start a call: returns its parity (which set of per-call words it uses)."""

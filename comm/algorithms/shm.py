@@ -74,12 +74,11 @@ def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, 
     """One round: copy in, sync, reduce every slot in rank order into ``tensor`` where ``out_ranks``."""
     k = a.round
     a.round += 1
-    numel = tensor.numel()
-    a.slot(k, a.rank, tensor.dtype)[:numel].copy_(tensor)
+    slots = a.slots(k, tensor.dtype, tensor.numel())
+    slots[a.rank].copy_(tensor)
     a.sync(deadline, what)
     if not out_ranks:
         return
-    slots = [a.slot(k, p, tensor.dtype)[:numel] for p in range(a.n)]
     KERNELS_OUT[op](slots[0], slots[1], out=tensor)
     combine = KERNELS[op]
     for p in range(2, a.n):
