@@ -207,7 +207,9 @@ def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Opti
     if choice not in ALGORITHM_CHOICES:
         raise InvalidArgumentError(f"rank {group.my_global_rank}: {what}: algorithm must be one of "
                                    f"{ALGORITHM_CHOICES}, got {choice!r}")
-    rule = select.rule(group.backend_type, group.size(), collective, dtype, op, choice)
+    # topology.one_host(communicator), read in place: one attribute, no further file on the call path.
+    one_host = getattr(group.communicator, "_zerocomm_one_host", None)
+    rule = select.rule(group.backend_type, group.size(), collective, dtype, op, choice, one_host)
     if rule.rows is None:
         if rule.refusal is not None:
             select.raise_unsupported(collective, group, dtype, op, choice, rule.refusal)

@@ -12,7 +12,7 @@ from support.worlds import worlds
 
 pytestmark = pytest.mark.skipif(STANDIN, reason="checks zerocomm's algorithms and error types")
 
-ALGORITHMS = ("native", "ring", "tree")
+ALGORITHMS = ("native", "ring", "tree", "shm")
 RUN_TIMEOUT_S = 120.0
 
 
