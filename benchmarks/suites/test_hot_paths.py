@@ -11,7 +11,7 @@ import torch
 
 from zerocomm.ops import (ErrorFeedback, flatten_tensors, onebit_padded_numel, pack_signs, partition_bounds,
                           reduce_, unpack_signs, unflatten_into)
-from zerocomm.zero.bucket import GradientBucket
+from zerocomm.zero.gradients import GradientBucket
 from zerocomm.zero.partition import plan_buckets
 
 N = 1 << 22
