@@ -344,8 +344,6 @@ def _honour(key: Key, value: Any, fields: dict) -> None:
 def _check_fixed(key: Key, value: Any) -> None:
     if value == key.default or (key.default is None and value in (None, {}, "fp32", "float32")):
         return
-    if isinstance(value, Mapping) and not value.get("enabled", False) and key.default is None:
-        return
     raise ZeroConfigError(f"DeepSpeed key {key.path} = {value!r} is not supported: {key.why} (remove the key or set "
                           f"it to {key.default!r})")
 

@@ -137,8 +137,10 @@ class ZeroOptimizer:
             logging.getLogger("zerocomm.zero").warning(
                 "rank %d: offload_param %r: parameter offload is not implemented; the parameters stay on %s",
                 self.rank, config.offload_param, device)
-        ready = getattr(self.optimizer_state, "gradient_ready", None)
-        on_reduced = None if ready is None else (lambda layout: ready(layout.index, self.gradients.reduced(layout)))
+        on_reduced = None  # an offloading state starts copying each bucket's reduced elements as soon as they are final
+        if hasattr(self.optimizer_state, "gradient_ready"):
+            on_reduced = lambda layout: self.optimizer_state.gradient_ready(  # noqa: E731
+                layout.index, self.gradients.reduced(layout))
         if self.plan.gradients is GradientPlacement.FULL:
             self.gradients = FullGradients(self.layouts, dtype=self.dtype, device=device, reduction=self.plan.reduction,
                                            owned=self.parameters.owned, rank=self.rank, group=group,
