@@ -137,17 +137,21 @@ _TABLE = [
     Key("zero_optimization.contiguous_gradients", F, why="gradients are always copied into contiguous buckets",
         default=True, kind=bool),
     Key("zero_optimization.reduce_scatter", H, "reduce_scatter", default=True, kind=bool),
-    Key("zero_optimization.reduce_bucket_size", H, "reduce_bucket_numel", default=500_000_000, kind=int),
+    Key("zero_optimization.reduce_bucket_size", H, "reduce_bucket_numel", why="absent: zerocomm's 4M elements",
+        default=500_000_000, kind=int),
     Key("zero_optimization.use_multi_rank_bucket_allreduce", I, why=_KERNEL, default=True, kind=bool),
     Key("zero_optimization.allgather_partitions", F, why="updated chunks are all-gathered (no broadcasts)",
         default=True, kind=bool),
-    Key("zero_optimization.allgather_bucket_size", H, "allgather_bucket_numel", default=500_000_000, kind=int),
-    Key("zero_optimization.overlap_comm", H, "overlap_comm", kind=bool),
+    Key("zero_optimization.allgather_bucket_size", H, "allgather_bucket_numel", why="absent: zerocomm's 4M elements",
+        default=500_000_000, kind=int),
+    Key("zero_optimization.overlap_comm", H, "overlap_comm", why="absent: zerocomm overlaps (DeepSpeed: only in "
+        "stage 3); results are the same either way", kind=bool),
     Key("zero_optimization.load_from_fp32_weights", F, why="checkpoints always restore the float32 masters",
         default=True, kind=bool),
     Key("zero_optimization.elastic_checkpoint", I, why="zerocomm checkpoints load at any world size anyway",
         default=False, kind=bool),
-    Key("zero_optimization.sub_group_size", H, "offload_buffer_numel", default=1_000_000_000, kind=int),
+    Key("zero_optimization.sub_group_size", H, "offload_buffer_numel", why="with NVMe offload, the most elements "
+        "stepped at once (the smaller of it and offload_optimizer.buffer_size)", default=1_000_000_000, kind=int),
     Key("zero_optimization.cpu_offload", H, "offload_optimizer", default=False, kind=bool),
     Key("zero_optimization.cpu_offload_param", H, "offload_param", default=False, kind=bool),
     Key("zero_optimization.cpu_offload_use_pin_memory", H, "pin_memory", default=False, kind=bool),
@@ -198,17 +202,21 @@ _TABLE = [
         kind=bool),
     Key("zero_optimization.log_trace_cache_warnings", I, why="zerocomm has no trace cache", default=False,
         kind=bool),
-    Key("zero_optimization.enable_sanity_checks", H, "debug", default=False, kind=bool),
+    Key("zero_optimization.enable_sanity_checks", H, "debug", why="stage 3 checks every rank is at the same unit",
+        default=False, kind=bool),
     Key("zero_optimization.save_muon_momentum_buffer_in_memory", I, why="Muon is not built in; offloaded state "
         "is whatever the optimizer_factory's optimizer keeps", default=False, kind=bool),
     Key("zero_optimization.leaf_module", I, why="units are chosen by zero/units.py"),
     Key("zero_optimization.zenflow", R, why="ZenFlow (stale-gradient updates) is not implemented"),
     Key("zero_optimization.grad_hooks", F, why="gradients are reduced from backward hooks", default=True, kind=bool),
     # -- offload_optimizer / offload_param --------------------------------------------------------------
-    Key("zero_optimization.offload_optimizer.device", H, "offload_optimizer", default="none", kind=str),
+    Key("zero_optimization.offload_optimizer.device", H, "offload_optimizer", why="\"cpu\": masters, state and "
+        "step in host memory (CPU models: as \"none\"); \"nvme\": state in files under nvme_path",
+        default="none", kind=str),
     Key("zero_optimization.offload_optimizer.nvme_path", H, "nvme_path", kind=str),
     Key("zero_optimization.offload_optimizer.buffer_count", H, "offload_buffer_count", default=4, kind=int),
-    Key("zero_optimization.offload_optimizer.buffer_size", H, "offload_buffer_numel", kind=int),
+    Key("zero_optimization.offload_optimizer.buffer_size", H, "offload_buffer_numel", why="a zerocomm addition "
+        "(DeepSpeed has it under offload_param only): elements per NVMe piece", kind=int),
     Key("zero_optimization.offload_optimizer.pin_memory", H, "pin_memory", default=True, kind=bool),
     Key("zero_optimization.offload_optimizer.pipeline_read", I, why="zerocomm always reads the next piece while "
         "the current one steps", default=False, kind=bool),
@@ -223,7 +231,8 @@ _TABLE = [
     Key("zero_optimization.offload_optimizer.super_offload", I, why=_KERNEL, default=False, kind=bool),
     Key("zero_optimization.offload_optimizer.cpuadam_cores_perc", I, why="torch's CPU optimizer uses "
         "torch.get_num_threads() threads", default=0.8, kind=float),
-    Key("zero_optimization.offload_param.device", H, "offload_param", default="none", kind=str),
+    Key("zero_optimization.offload_param.device", H, "offload_param", why="accepted; " + _NO_PARAM_OFFLOAD,
+        default="none", kind=str),
     Key("zero_optimization.offload_param.nvme_path", I, why=_NO_PARAM_OFFLOAD, kind=str),
     Key("zero_optimization.offload_param.buffer_count", I, why=_NO_PARAM_OFFLOAD, default=5, kind=int),
     Key("zero_optimization.offload_param.buffer_size", I, why=_NO_PARAM_OFFLOAD, default=100_000_000, kind=int),
@@ -436,10 +445,24 @@ def _concrete(flat: dict, path: str) -> Optional[int]:
     return _typed(KEYS[path], value)
 
 
-def table() -> list[tuple[str, str, str]]:
-    """(key, status, what zerocomm does) for every documented key, as docs/migrating-from-deepspeed.md lists them."""
+def table() -> list[tuple[str, str, str, str]]:
+    """(key, status, what zerocomm does, DeepSpeed's default) for every documented key: the rows of the table in
+    docs/migrating-from-deepspeed.md."""
     rows = []
     for key in _TABLE:
-        what = f"`{key.field}`" if key.status is Status.HONOURED else key.why
-        rows.append((key.path, key.status.value, what))
+        what = key.why
+        if key.status is Status.HONOURED:
+            what = f"sets `ZeroConfig.{key.field}`" + (f"; {key.why}" if key.why else "")
+        rows.append((key.path, key.status.value, what, _shown(key.default)))
     return rows
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if isinstance(value, int) and value >= 10 ** 7 and value % 10 ** 7 == 0:
+        mantissa, exponent = f"{value:e}".split("e")
+        return f"`{float(mantissa):g}e{int(exponent)}`"
+    return f"`{value!r}`" if isinstance(value, str) else f"`{value}`"
