@@ -202,6 +202,8 @@ class NvmeOptimizerState:
                 free.append(slot)
             slot = free.pop(0)
             reads[i] = (self._io.submit(self._read_piece, pieces[i], slot), slot)
+            bucket, start, end = pieces[i]
+            self.read_bytes += len(self._names(bucket)) * (end - start) * _ITEM  # counted here, not in the threads
 
         if pieces:
             start_read(0)
@@ -212,6 +214,7 @@ class NvmeOptimizerState:
                 start_read(i + 1)
             outputs = self._step_piece(piece, slot, scalars)
             writes.append((self._io.submit(self._write_piece, piece, outputs), slot))
+            self.written_bytes += sum(values.numel() for _, values in outputs) * _ITEM
         for future, _ in writes:
             future.result()
         self._finish_step(scalars)
@@ -267,13 +270,11 @@ class NvmeOptimizerState:
         bucket, start, end = piece
         for row, name in enumerate(self._names(bucket)):
             self.files.read(bucket, name, self._row(slot, row, end - start), start)
-            self.read_bytes += (end - start) * _ITEM
 
     def _write_piece(self, piece: tuple, outputs: list) -> None:
         bucket, start, end = piece
         for name, values in outputs:
             self.files.write(bucket, name, values, start)
-            self.written_bytes += (end - start) * _ITEM
 
     def _step_piece(self, piece: tuple, slot: int, scalars: dict) -> list:
         """Run the optimizer on one piece whose file-backed values are in ``slot``; returns [(file name, values)]
