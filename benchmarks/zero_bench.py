@@ -217,7 +217,7 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
             states = sum(optimizer.model_state_bytes().values())
         peak = _peak_bytes() - base
         conn.send(("ok", {"times": times, "peak": peak, "states": states, "sent": sent, "phi": phi,
-                          "loss": float(loss)}))
+                          "loss": float(loss.detach())}))
     except BaseException:  # reported by the parent
         conn.send(("err", traceback.format_exc()))
     finally:

@@ -73,10 +73,10 @@ _TABLE = [
     Key("optimizer", L, why="the optimizer comes from the optimizer_factory passed to initialize"),
     Key("scheduler", L, why="build a torch.optim.lr_scheduler on optimizer.optimizer"),
     Key("gradient_clipping", H, "gradient_clipping", default=0.0, kind=float),
-    Key("prescale_gradients", F, why="zerocomm averages with ReduceOp.AVG (gradients are never prescaled)",
-        default=False, kind=bool),
-    Key("gradient_predivide_factor", F, why="zerocomm averages with ReduceOp.AVG (no predivision)", default=1.0,
-        kind=float),
+    Key("prescale_gradients", I, why="zerocomm averages with ReduceOp.AVG; dividing before or after the sum gives "
+        "the same mean up to rounding", default=False, kind=bool),
+    Key("gradient_predivide_factor", I, why="zerocomm averages with ReduceOp.AVG; splitting the division around "
+        "the sum gives the same mean up to rounding", default=1.0, kind=float),
     Key("gradient_allreduce_op", F, why="gradients are averaged over ranks", default="mean", kind=str),
     Key("communication_data_type", F, why="gradients travel in the compute dtype (fp32/bf16/fp16)", default=None),
     Key("sparse_gradients", F, why="gradients are dense", default=False, kind=bool),

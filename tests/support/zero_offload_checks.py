@@ -190,3 +190,20 @@ def _with_nvme_path(config, folder: str):
     if isinstance(config, dict):
         return {key: (folder if key == "nvme_path" else _with_nvme_path(value, folder)) for key, value in config.items()}
     return config
+
+
+def memory_report_cases(folder: str, cases: list) -> list:
+    """For each ``(stage, precision, offload)``: (case, Φ padded, buckets, memory_report()["optimizer_state"]) after
+    two steps of the LM (host offload forced onto CPU tensors, as above)."""
+    from .zero_checks import padded_size
+    out = []
+    for stage, precision, kind in cases:
+        fields = {} if kind == "none" else _offload_fields(kind, folder)
+        with forced_host_state():
+            run = zero_run("lm", steps=2, accum=1, clip=0.0, stage=stage, algorithm="native", precision=precision,
+                           **fields)
+        optimizer = run["optimizer"]
+        optimizer.remove_hooks()
+        out.append(((stage, precision, kind), padded_size(optimizer), len(optimizer.layouts),
+                    optimizer.memory_report()["optimizer_state"]))
+    return out

@@ -84,3 +84,27 @@ def test_nvme_offloaded_state_saves_and_reloads(world, tmp_path, stage, precisio
                 assert seen[name]["loss_err"] <= REL, (rank, name, seen)
             else:
                 assert seen[name]["same_losses"] and seen[name]["same_params"], (rank, name, seen)
+
+
+@pytest.mark.parametrize("world", worlds(backends=("gloo",), sizes=(2,)), indirect=True)
+def test_memory_report_follows_the_offload_formulas(world, tmp_path):
+    """docs/zero.md's table: optimizer state is 8Φ/S (fp32) or 12Φ/S (mixed) in memory without offload, 16Φ/S on the
+    host with host offload, and 8Φ/S or 12Φ/S on disk with NVMe offload (S = 1 for stage 0, N otherwise)."""
+    cases = [(stage, precision, kind) for stage in (0, 1, 2, 3) for precision in ("fp32", "bf16")
+             for kind in ("none", "cpu", "nvme")]
+    n = world.world_size
+    for rank, rows in enumerate(world.run(zero_offload_checks.memory_report_cases, str(tmp_path), cases, timeout=300)):
+        for (stage, precision, kind), padded, buckets, report in rows:
+            owned = padded if stage == 0 else padded // n
+            state = 8 if precision == "fp32" else 12
+            steps = 4 * buckets  # Adam's step scalars
+            if kind == "none":
+                want = {"device": 0, "host": state * owned + steps, "disk": 0}
+            elif kind == "cpu":
+                want = {"device": 0, "host": 16 * owned + steps, "disk": 0}
+            else:
+                files = 2 if precision == "fp32" else 3
+                want = {"device": 0, "host": report["host"], "disk": state * owned}
+                # in memory: Adam's step scalars and at most offload_buffer_count (2) slots of 700 elements per file
+                assert steps < report["host"] <= steps + 2 * files * 700 * 4, (rank, stage, report)
+            assert report == want, (rank, stage, precision, kind, report, want)
