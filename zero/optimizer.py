@@ -184,6 +184,11 @@ class ZeroOptimizer:
         """This rank's float32 masters, one flat tensor per bucket."""
         return self.optimizer_state.masters
 
+    @property
+    def device(self) -> torch.device:
+        """The parameters' device: where ZeRO's collectives run (offloaded masters may live elsewhere)."""
+        return self._param_shards[0].device
+
     def shard_bounds(self, layout) -> tuple[int, int]:
         """The bucket-relative element range of ``layout`` this rank's master holds."""
         return self.parameters.owned(layout)

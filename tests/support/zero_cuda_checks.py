@@ -181,6 +181,31 @@ def offload(device) -> list:
             if report["device"] or not report["host"]:
                 failures.append(f"{where}: memory report {report}")
             optimizer.remove_hooks()
+    import zerocomm.comm as dist
+    from zerocomm.benchmarks.models import loss_fn
+    from zerocomm.zero import ZeroConfig, initialize
+    path = [tempfile.mkdtemp(prefix="zero-cuda-offload-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(path, group_src=0)
+    runs = []
+    for resumed in (False, True):  # save after 3 steps with host offload; a fresh one loads and trains the same 3
+        model, optimizer = initialize(_model(device), _adam, ZeroConfig(stage=2, offload_optimizer="cpu",
+                                                                        reduce_bucket_numel=8000))
+        if resumed:
+            optimizer.load(path[0])
+        losses = []
+        for step in range(3 if resumed else 0, 6):
+            x, y = _batch(model, dist.get_rank(), step, device)
+            loss = loss_fn(model, model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            if step == 2 and not resumed:
+                optimizer.save(path[0])
+        runs.append(losses[-3:])
+        optimizer.remove_hooks()
+    if max(abs(a - b) / abs(b) for a, b in zip(*runs)) > 1e-6:
+        failures.append(f"offload checkpoint: resumed losses {runs[1]} != {runs[0]}")
     try:
         zero_losses(device, 2, "fp32", 0.0, offload_optimizer="nvme", nvme_path=tempfile.mkdtemp())
         failures.append("nvme offload of CUDA parameters was accepted")
