@@ -133,7 +133,10 @@ class ZeroOptimizer:
                                                      optimizer_factory, self.rank, config)
         del full32, copies
         device = self._param_shards[0].device
-        if config.offload_param != "none":
+        if config.offload_param == "cpu" and device.type == "cpu":
+            logging.getLogger("zerocomm.zero").info("rank %d: offload_param 'cpu': the parameters are in host memory "
+                                                    "already", self.rank)
+        elif config.offload_param != "none":
             logging.getLogger("zerocomm.zero").warning(
                 "rank %d: offload_param %r: parameter offload is not implemented; the parameters stay on %s",
                 self.rank, config.offload_param, device)
