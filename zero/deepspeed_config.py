@@ -274,8 +274,8 @@ def read(config: Mapping[str, Any], *, world_size: Optional[int] = None, model=N
         elif key.status is Status.FIXED:
             _check_fixed(key, value)
         elif key.status is Status.IGNORED:
-            log.warning("DeepSpeed key %s = %s ignored: %s", path, "{...}" if isinstance(value, Mapping) else repr(value),
-                        key.why)
+            shown = "{...}" if isinstance(value, Mapping) else repr(value)
+            log.warning("DeepSpeed key %s = %s ignored: %s", path, shown, key.why)
         elif key.status is Status.REFUSED:
             if not (isinstance(value, Mapping) and not value.get("enabled", False)):
                 raise ZeroConfigError(f"DeepSpeed key {path} would change results and is not implemented: {key.why}")

@@ -26,7 +26,6 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from .errors import ZeroConfigError
 from .gradients import tensor_bytes
 from .optimizer_state import DeviceOptimizerState, OptimizerFactory, check_optimizer
 from .stages import StatePlacement

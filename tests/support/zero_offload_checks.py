@@ -188,7 +188,7 @@ def deepspeed_config_training(config: dict, folder: str, steps: int = 2) -> dict
 
 def _with_nvme_path(config, folder: str):
     if isinstance(config, dict):
-        return {key: (folder if key == "nvme_path" else _with_nvme_path(value, folder)) for key, value in config.items()}
+        return {key: folder if key == "nvme_path" else _with_nvme_path(value, folder) for key, value in config.items()}
     return config
 
 

@@ -31,7 +31,8 @@ SAMPLES = {
     "zero_optimization.stage3_max_reuse_distance": 1e7, "zero_optimization.stage3_module_granularity_threshold": 10,
     "zero_optimization.zero_hpz_partition_size": 8, "zero_optimization.zeropp_loco_param": {"err_beta": 0.8},
     "zero_optimization.mics_shard_size": 8, "zero_optimization.leaf_module": {"classes": ["Block"]},
-    "zero_optimization.offload_optimizer.device": "nvme", "zero_optimization.offload_optimizer.nvme_path": "/local_nvme",
+    "zero_optimization.offload_optimizer.device": "nvme",
+    "zero_optimization.offload_optimizer.nvme_path": "/local_nvme",
     "zero_optimization.offload_optimizer.buffer_count": 5, "zero_optimization.offload_optimizer.buffer_size": 1e5,
     "zero_optimization.offload_optimizer.ratio": 0.3, "zero_optimization.offload_optimizer.cpuadam_cores_perc": 0.5,
     "zero_optimization.offload_param.device": "cpu", "zero_optimization.offload_param.nvme_path": "/local_nvme",
@@ -118,7 +119,8 @@ def test_every_documented_key(path, caplog):
 def test_table_covers_what_deepspeed_documents():
     """Keys from DeepSpeed's config-json documentation and its ZeRO config model, spot-checked by name."""
     for path in ("zero_optimization.round_robin_gradients", "zero_optimization.memory_efficient_linear",
-                 "zero_optimization.stage3_gather_16bit_weights_on_model_save", "zero_optimization.zero_quantized_weights",
+                 "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                 "zero_optimization.zero_quantized_weights",
                  "zero_optimization.offload_optimizer.fast_init", "zero_optimization.offload_param.max_in_cpu",
                  "fp16.consecutive_hysteresis", "fp16.auto_cast", "bf16.immediate_grad_update", "prescale_gradients",
                  "wall_clock_breakdown", "steps_per_print", "train_micro_batch_size_per_gpu"):
