@@ -176,7 +176,8 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
                               offload_buffer_count=args.offload_buffer_count)
             model, optimizer = initialize(model, _adam, ZeroConfig(stage=stage, algorithm=algorithm,
                                                                    reduce_bucket_numel=args.bucket_numel,
-                                                                   allgather_bucket_numel=args.bucket_numel, **fields))
+                                                                   allgather_bucket_numel=args.bucket_numel,
+                                                                   precision=args.precision, **fields))
             data_model, synchronize, barrier = model, optimizer.synchronize, dist.barrier
         batches = [batch_for(data_model, seed=0, rank=rank, step=step, batch_size=args.batch)
                    for step in range(args.warmup + args.steps)]
@@ -305,6 +306,8 @@ def main(argv=None) -> int:
                         help="run only the variants whose 'name algorithm' contains one of these words")
     parser.add_argument("--plot", metavar="PNG", help="bar charts of step time and per-rank peak memory")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                        help="zerocomm variants' precision (the torch variants run fp32)")
     parser.add_argument("--nvme-path", default=None, help="folder for the NVMe-offload variant's state files "
                         "(default: a temporary folder)")
     parser.add_argument("--offload-buffer-numel", type=int, default=1 << 18,
@@ -341,7 +344,7 @@ def main(argv=None) -> int:
     phi = reports[0]["phi"]
     from tabulate import tabulate
 
-    print(f"TinyLM {shape}: Φ = {phi:,} parameters, fp32, Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
+    print(f"TinyLM {shape}: Φ = {phi:,} parameters, {args.precision} (zerocomm), Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
           f"gloo, {os.cpu_count()} cores")
     ddp = {row[0]: float(row[3]) for row in rows if row[1] == "torch DDP"}
     for row in rows:  # step time over torch DDP's at the same world size, when DDP ran
