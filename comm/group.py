@@ -27,6 +27,7 @@ import torch
 
 from .config import CommConfig
 from .errors import CommError, CommTimeoutError, NotInitializedError, PeerError
+from .group_methods import ProcessGroupMethods
 from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import Work
 
@@ -39,7 +40,7 @@ _TAG_SPAN = (1 << 28) - USER_TAG_LIMIT
 _profiler_enabled = torch.autograd._profiler_enabled
 
 
-class Group:
+class Group(ProcessGroupMethods):
     """A set of processes that run collectives together.
 
     Attributes:
@@ -180,7 +181,8 @@ class Group:
         except TimeoutError as error:
             raise self._failed(CommTimeoutError(
                 f"rank {self.my_global_rank}: {call.collective} on {self.describe()} timed out after "
-                f"{seconds * 1000:.0f} ms waiting for {self._in_rank_space(error)}")) from None
+                f"{seconds * 1000:.0f} ms waiting for {self._in_rank_space(error)} (the timeout given to "
+                f"init_process_group or new_group, or to this call)")) from None
         except PeerFailure as failure:
             raise self._failed(PeerError(
                 f"rank {self.my_global_rank}: {call.collective} on {self.describe()} failed: "

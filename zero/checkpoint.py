@@ -99,8 +99,9 @@ def _master_order(optimizer) -> list:
 
 
 def _device(optimizer) -> torch.device:
-    """Where the agreements' tensors live: the parameters' device (offloaded masters may be elsewhere)."""
-    return optimizer.params[0].device if optimizer.params else optimizer.master[0].device
+    """Where the agreements' tensors live: the model's device (NCCL moves CUDA tensors only), not the
+    masters' (offloaded masters live in host memory or files)."""
+    return optimizer.device
 
 
 def _exchange(optimizer, problem, numbers, failure: type, what: str) -> list[list[int]]:
