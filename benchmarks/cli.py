@@ -32,6 +32,7 @@ COMMANDS = {
     "zero": "zero_cli",
     "trace": "trace_cli",
     "overhead": "overhead",
+    "shm": "shm_bench",
 }
 DEFAULT_COMMAND = next(iter(COMMANDS))
 

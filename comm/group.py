@@ -27,6 +27,7 @@ import torch
 
 from .config import CommConfig
 from .errors import CommError, CommTimeoutError, NotInitializedError, PeerError
+from .group_methods import ProcessGroupMethods
 from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import Work
 
@@ -39,7 +40,7 @@ _TAG_SPAN = (1 << 28) - USER_TAG_LIMIT
 _profiler_enabled = torch.autograd._profiler_enabled
 
 
-class Group:
+class Group(ProcessGroupMethods):
     """A set of processes that run collectives together.
 
     Attributes:
@@ -220,7 +221,8 @@ class Group:
     def _timed_out(self, collective: str, seconds: float, error: TimeoutError) -> CommError:
         return self._failed(CommTimeoutError(
             f"rank {self.my_global_rank}: {collective} on {self.describe()} timed out after "
-            f"{seconds * 1000:.0f} ms waiting for {self._in_rank_space(error)}"))
+            f"{seconds * 1000:.0f} ms waiting for {self._in_rank_space(error)} (the timeout given to "
+            f"init_process_group or new_group, or to this call)"))
 
     def _peer_failed(self, collective: str, failure: PeerFailure) -> CommError:
         return self._failed(PeerError(

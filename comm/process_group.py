@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from typing import List, Optional
 
 import torch
@@ -19,6 +20,7 @@ from .backends import BACKENDS, backend_class
 from .config import CommConfig
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import DEFAULT_TIMEOUT, NON_GROUP_MEMBER, WORLD, Group
+from .transport import USER_TAG_LIMIT
 
 def is_available() -> bool:
     return True
@@ -74,6 +76,11 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     WORLD.config = config
     if config.switch_interval_s > 0:
         sys.setswitchinterval(config.switch_interval_s)
+    if communicator.device_type == "cpu" and communicator.size > 1:
+        # Which host each rank is on, learnt once (selection offers "shm" only where all ranks share one);
+        # the tag is below every collective's, and nothing else is in flight yet.
+        from . import topology
+        topology.hosts(communicator, tag=USER_TAG_LIMIT, deadline=time.monotonic() + timeout.total_seconds())
     WORLD.default = Group(list(range(communicator.size)), communicator.rank, communicator, timeout, backend, "world")
     WORLD.groups["world"] = WORLD.default
     if WORLD.config.profile_path:
@@ -138,6 +145,8 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     communicator = world.communicator.split(members, name)
     if communicator is None:
         return NON_GROUP_MEMBER
+    from . import topology
+    topology.inherit(communicator, world.communicator, members)
     group = Group(members, members.index(world.my_global_rank), communicator, timeout or world.timeout,
                   world.backend, name)
     WORLD.groups[name] = group
@@ -152,6 +161,9 @@ def _group_or_world(group, what: str) -> Optional[Group]:
         return None
     if isinstance(group, Group):
         return group
+    inner = getattr(group, "zerocomm_group", None)  # a torch group made by init_process_group("zerocomm")
+    if isinstance(inner, Group):
+        return inner
     raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
 
 

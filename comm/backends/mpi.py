@@ -44,6 +44,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ...ops.reduce import reduce_
+from ..shm import release as release_shared_memory
 from ..transport import Backend, PeerFailure, Request
 
 #: The phases of a wait (see the note above).
@@ -309,6 +310,7 @@ class MpiBackend(Backend):
     def close(self) -> None:
         """Settle the requests left behind (see the note), then free the communicators and user ops."""
         self.settle_orphans()
+        release_shared_memory(self)
         for comm in (self.p2p, self.comm):
             try:
                 comm.Free()  # legal with requests still posted: MPI frees it once they complete
