@@ -59,6 +59,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, a
     mean) with the caller's ``compression_state`` (a ``zerocomm.ops.ErrorFeedback``, one per tensor);
     ``algorithm`` then names the algorithm of its two sub-collectives ("native", "ring" or "tree").
     """
+    if not async_op and compression is None and validate.short_all_reduce(tensor, op, group, algorithm):
+        return None  # a cell checked before, run at once (see validate.short_all_reduce)
     call = validate.all_reduce(tensor, op, group, async_op, algorithm, compression, compression_state)
     if _profiling():
         return torch_events.run(call, "all_reduce", (tensor,))

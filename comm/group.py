@@ -68,6 +68,11 @@ class Group(ProcessGroupMethods):
         #: (collective, dtype, op, requested algorithm) -> (algorithm, function), for cells whose choice does
         #: not depend on the size (see ``validate.choose_algorithm``).
         self.choices: Dict[tuple, tuple] = {}
+        #: (requested algorithm, dtype) -> (function, elements per row) of blocking SUM all_reduce cells that
+        #: may take the short path (see ``run_short``); filled by ``validate.all_reduce``, emptied when the
+        #: configuration changes.
+        self.short: Dict[tuple, tuple] = {}
+        self.short_segment_bytes = 0
         self._seq = 0
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the queue or the pending count changed
@@ -179,17 +184,50 @@ class Group(ProcessGroupMethods):
             else:
                 self._call(call, tag, deadline, config.segment_bytes)
         except TimeoutError as error:
-            raise self._failed(CommTimeoutError(
-                f"rank {self.my_global_rank}: {call.collective} on {self.describe()} timed out after "
-                f"{seconds * 1000:.0f} ms waiting for {self._in_rank_space(error)} (the timeout given to "
-                f"init_process_group or new_group, or to this call)")) from None
+            raise self._timed_out(call.collective, seconds, error) from None
         except PeerFailure as failure:
-            raise self._failed(PeerError(
-                f"rank {self.my_global_rank}: {call.collective} on {self.describe()} failed: "
-                f"{self.peer_name(failure.peer)} failed or went away ({self._in_rank_space(failure)})")) from None
+            raise self._peer_failed(call.collective, failure) from None
         if call.copy_out:
             for source, destination in call.copy_out:
                 destination.copy_(source.view(destination.shape))
+
+    def run_short(self, function, tensor: torch.Tensor, op: str) -> bool:
+        """The short path of a blocking all_reduce: run ``function(communicator, tensor, op, ...)`` now, on
+        this thread, if nothing else needs doing first; return False (nothing done) when the call must take
+        ``run``'s path: another thread holds the group, calls are queued, the group failed or was destroyed,
+        or observers or the profiler watch calls.  ``validate.short_all_reduce`` checked the tensor.
+
+        It is ``run`` + ``execute`` for that case, without building a call record: the same order (a tag
+        taken under the lock, held while it runs), the same deadline and the same typed errors.
+        """
+        lock = self._lock
+        if not lock.acquire(False):
+            return False
+        try:
+            if self._pending or self.failure is not None or self._closed or WORLD.observers or _profiler_enabled():
+                return False
+            self._seq += 1
+            try:
+                function(self.communicator, tensor, op, tag=USER_TAG_LIMIT + self._seq % _TAG_SPAN,
+                         deadline=time.monotonic() + self._timeout_s, segment_bytes=self.short_segment_bytes)
+            except TimeoutError as error:
+                raise self._timed_out("all_reduce", self._timeout_s, error) from None
+            except PeerFailure as failure:
+                raise self._peer_failed("all_reduce", failure) from None
+        finally:
+            lock.release()
+        return True
+
+    def _timed_out(self, collective: str, seconds: float, error: TimeoutError) -> CommError:
+        return self._failed(CommTimeoutError(
+            f"rank {self.my_global_rank}: {collective} on {self.describe()} timed out after "
+            f"{seconds * 1000:.0f} ms waiting for {self._in_rank_space(error)} (the timeout given to "
+            f"init_process_group or new_group, or to this call)"))
+
+    def _peer_failed(self, collective: str, failure: PeerFailure) -> CommError:
+        return self._failed(PeerError(
+            f"rank {self.my_global_rank}: {collective} on {self.describe()} failed: "
+            f"{self.peer_name(failure.peer)} failed or went away ({self._in_rank_space(failure)})"))
 
     def _failed(self, error: CommError) -> CommError:
         # No lock: an inline call fails while holding it; a second failure racing the first changes nothing.
@@ -272,6 +310,7 @@ class Group(ProcessGroupMethods):
                                                f"{self.describe()} was cancelled: the group was destroyed first"))
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout=min(self.timeout.total_seconds(), 10.0))
+        self.short.clear()
         communicator, self.communicator = self.communicator, None
         communicator.close()
 
@@ -312,6 +351,8 @@ class World:
     @config.setter
     def config(self, value: CommConfig) -> None:
         self._config = value
+        for group in self.groups.values():
+            group.short.clear()  # its cells were checked against the configuration they replace
 
     def require(self, what: str) -> Group:
         if self.default is None:

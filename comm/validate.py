@@ -234,6 +234,9 @@ def _selection_logged() -> bool:
     return select.log.isEnabledFor(10)
 
 
+_logged = select.log.isEnabledFor  # the short path's check, one call cheaper
+
+
 def _timeout(timeout) -> Optional[float]:
     if timeout is None:
         return None
@@ -265,9 +268,71 @@ def all_reduce(tensor, op, group, async_op, algorithm, compression, state) -> Ca
     nbytes = tensor.numel() * tensor.element_size()
     if compression is None and algorithm != "onebit":
         algo, fn = choose_algorithm("all_reduce", g, tensor.dtype, name, nbytes, algorithm, "all_reduce")
+        if op is _SUM and (algorithm, tensor.dtype) not in g.short:
+            _remember_short(g, algorithm, tensor.dtype)
         return Call("all_reduce", g, (_flat(tensor), name), name, -1, algo, fn, None, async_op, None, (tensor,), (),
                     nbytes, tensor.numel(), tensor.dtype)
     return _onebit(tensor, name, g, async_op, algorithm, compression, state, nbytes)
+
+
+# -- the short path of a blocking all_reduce ----------------------------------------------------------
+
+_Tensor = torch.Tensor
+
+
+def short_all_reduce(tensor, op, group, algorithm) -> bool:
+    """Run a blocking SUM all_reduce of a dense CPU tensor on a cell checked before, without a ``Call``.
+
+    The checks ``all_reduce`` makes once per cell (group, dtype, op, algorithm: see
+    :func:`_remember_short`) are not repeated; what can change from call to call is: the tensor
+    (contiguous, on the CPU, not a subclass), its size ("auto" picks by size) and the group's state
+    (``Group.run_short``).  True when the call ran; False when it must take the full path
+    (``all_reduce`` then ``Group.run``), which raises any error.
+    """
+    if op is not _SUM or type(tensor) is not _Tensor:
+        return False
+    g = WORLD.default if group is None else group
+    if type(g) is not Group:
+        return False
+    rows = g.short.get((algorithm, tensor.dtype))
+    if rows is None or not tensor.is_contiguous() or not tensor.is_cpu or _logged(10):
+        return False
+    function = rows[0][1]
+    if len(rows) > 1:
+        numel = tensor.numel()
+        for max_numel, function in rows:
+            if numel <= max_numel:
+                break
+    return g.run_short(function, tensor if tensor.dim() == 1 else tensor.view(-1), "sum")
+
+
+def _remember_short(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
+    """Let SUM all_reduce calls of ``dtype`` with ``algorithm=requested`` on ``g`` take the short path.
+
+    Only where the full path would do nothing more than run the algorithm: a CPU group, no debug
+    fingerprint, no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
+    elements of ``dtype`` (one unbounded row for an explicit algorithm); ``Group.short`` is emptied
+    when the configuration changes.
+    """
+    config = WORLD.config
+    if config.debug or not g.on_cpu or _selection_logged():
+        return
+    choice = config.algorithm if requested is None else requested
+    rule = select.rule(g.backend_type, g.size(), "all_reduce", dtype, "sum", choice,
+                       getattr(g.communicator, "_zerocomm_one_host", None))  # as choose_algorithm reads it
+    if rule.refusal is not None:
+        return
+    native = g.backend_type.NATIVE
+
+    def function(algorithm):
+        return native["all_reduce"] if algorithm == "native" else ALGORITHMS[("all_reduce", algorithm)]
+
+    if rule.rows is None:
+        rows = ((select.UNBOUNDED, function(rule.algorithm)),)
+    else:
+        rows = tuple((max_bytes // dtype.itemsize, function(algorithm)) for max_bytes, algorithm in rule.rows)
+    g.short_segment_bytes = config.segment_bytes
+    g.short[(requested, dtype)] = rows
 
 
 def _sparse_all_reduce(tensor, op, g: Group, async_op) -> Call:

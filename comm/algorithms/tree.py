@@ -212,8 +212,37 @@ def all_reduce_tree(
 ) -> None:
     """Reduce ``tensor`` in place on every rank: binomial reduce to rank 0, then binomial broadcast."""
     buf = tensor
+    numel = buf.numel()
+    if t.size > 1 and 0 < numel and (segment_bytes <= 0 or numel * buf.element_size() <= segment_bytes):
+        _all_reduce_tree_whole(t, buf, op, tag, deadline)
+        return
     _reduce(t, buf, op, 0, tag, deadline, segment_bytes, clobber=True)
     _broadcast(t, buf, 0, tag, deadline, segment_bytes)
+
+
+def _all_reduce_tree_whole(t: Transport, buf: torch.Tensor, op: str, tag: int, deadline: Optional[float]) -> None:
+    """The tree all_reduce of a buffer that is one segment: the same messages as ``_reduce`` then
+    ``_broadcast`` (children's buffers up, the result down, rooted at rank 0), with none of the
+    segment bookkeeping (the short path of a small call)."""
+    n, v = t.size, t.rank
+    kids = _children(v, n)  # smallest subtree first: it is ready first
+    if kids:
+        m = buf.numel()
+        incoming = scratch(buf, m * len(kids))
+        recvs = [t.irecv(incoming if len(kids) == 1 else incoming[i * m:(i + 1) * m], kid, tag)
+                 for i, kid in enumerate(kids)]
+        combine = KERNELS[op]
+        for i, recv in enumerate(recvs):
+            recv.wait(remaining(deadline))
+            combine(buf, incoming if len(kids) == 1 else incoming[i * m:(i + 1) * m])
+    if v != 0:
+        parent = _parent(v)
+        t.isend(buf, parent, tag).wait(remaining(deadline))  # buf is about to be overwritten by the result
+        t.irecv(buf, parent, tag).wait(remaining(deadline))
+    else:
+        finalize(buf, op, n)
+    if kids:
+        wait_all([t.isend(buf, kid, tag) for kid in reversed(kids)], deadline)  # largest subtree first
 
 
 def all_reduce_recursive_doubling(

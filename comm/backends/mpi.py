@@ -17,6 +17,20 @@ sleeps between polls for 1/20 of the time waited so far, between
 ``_FIRST_SLEEP_S`` and ``_MAX_SLEEP_S``: a long wait costs a few wake-ups a
 second instead of a core, and finishes at most ~5 % late.
 
+[Note: requests left behind]  A wait that times out or fails leaves its MPI request
+posted: MPI may still write into (or read from) the tensor's memory later, when the
+peer catches up.  MPI forbids cancelling or freeing a nonblocking collective's
+request, and dropping an mpi4py request object may free it.  So an unfinished
+request is never dropped: the backend keeps it, with the tensors it points at, in
+``_orphans`` (a wait that raised, or a ``MpiRequest`` garbage-collected before it
+completed).  ``close`` cancels the orphaned receives (``MPI_Cancel`` is allowed
+for point-to-point receives) and moves whatever is still unfinished to
+``_ABANDONED``, which keeps the tensors alive for the rest of the process, so
+MPI never writes into freed memory; entries leave it once MPI says they are
+done.  The group above is poisoned after such a failure (see ``group.py``), so
+no later call reuses the communicator; ``destroy_process_group`` frees it and a
+new ``init_process_group`` duplicates a fresh one.
+
 [Note: threads]  The executor thread and the caller's thread may both call MPI, so
 zerocomm needs ``MPI_THREAD_MULTIPLE``; ``init_process_group("mpi")`` asks for it
 and refuses a library that provides less.
@@ -25,7 +39,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -38,6 +52,8 @@ _SPIN_S = 20e-6
 _YIELD_PHASE_S = 2e-3
 _FIRST_SLEEP_S = 50e-6
 _MAX_SLEEP_S = 10e-3
+#: Entries of a backend's buffer-description caches before they are cleared (a bound, not a tuning).
+_SPEC_CACHE = 256
 
 NATIVE_TABLE = {
     "broadcast": "native (MPI_Ibcast)",
@@ -67,11 +83,17 @@ def mpi_available() -> Optional[str]:
     return None
 
 
-def _wait(request, what, deadline: Optional[float], status=None) -> None:
+#: Requests that outlived their communicator unfinished, with the tensors they point at (see the note).
+_ABANDONED: List[tuple] = []
+
+
+def _wait(request, what, deadline: Optional[float], status=None, orphans=None, keep=None) -> None:
     """Wait for an MPI request until done or ``deadline`` (``time.monotonic()`` seconds); see the note.
 
     ``what`` names the request in errors: a string, or a ``(format, *args)`` tuple formatted only then
-    (a send's description would cost more to build than a small send)."""
+    (a send's description would cost more to build than a small send).  When the wait raises and
+    ``orphans`` is a list, ``(request, keep, False)`` goes into it: the request stays posted and
+    ``keep`` (the tensors MPI reads or writes) stays alive (see the note on requests left behind)."""
     try:
         if request.Test(status):
             return
@@ -92,8 +114,26 @@ def _wait(request, what, deadline: Optional[float], status=None) -> None:
             if request.Test(status):
                 return
             now = time.monotonic()
-    except _mpi().Exception as error:
-        raise PeerFailure(f"{_describe(what)}: {error.Get_error_string()}") from None
+    except BaseException as error:
+        if orphans is not None:
+            orphans.append((request, keep, False))
+        if isinstance(error, _mpi().Exception):
+            raise PeerFailure(f"{_describe(what)}: {error.Get_error_string()}") from None
+        raise
+
+
+def _finished(request, MPI, patience_s: float = 0.0) -> bool:
+    """Whether MPI is done with ``request`` (completed, cancelled, or failed), testing for up to ``patience_s``."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            if request == MPI.REQUEST_NULL or request.Test():
+                return True
+        except Exception:  # the request failed (a peer went away), or MPI is finalized: nothing writes any more
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        os.sched_yield()
 
 
 def _describe(what) -> str:
@@ -103,15 +143,29 @@ def _describe(what) -> str:
 class MpiRequest(Request):
     """A posted MPI send or receive, waited on without spinning (see the module note)."""
 
-    __slots__ = ("_request", "_status", "_what", "_keep", "_peer", "_done")
+    __slots__ = ("_request", "_status", "_what", "_keep", "_peer", "_done", "_orphans", "_receive")
 
-    def __init__(self, request, what, keep_alive=None, status=None, peer: Optional[int] = None):
+    def __init__(self, request, what, keep_alive, orphans: list, status=None, peer: Optional[int] = None,
+                 receive: bool = False):
         self._request = request
         self._status = status
         self._what = what
         self._keep = keep_alive  # the buffers MPI reads or writes until completion
         self._peer = peer
         self._done = False
+        self._orphans = orphans  # the backend's list of unfinished requests (see the note)
+        self._receive = receive  # receives may be cancelled; sends are left to complete
+
+    def __del__(self) -> None:
+        # Dropped unfinished (a wait raised, or an algorithm bailed out before waiting): keep the
+        # request and its tensors until the backend closes (see the note on requests left behind).
+        if not self._done:
+            try:
+                done = self._request.Test()
+            except Exception:  # failed, or MPI is finalized: nothing writes any more
+                done = True
+            if not done:
+                self._orphans.append((self._request, self._keep, self._receive))
 
     def test(self) -> bool:
         if not self._done:
@@ -161,6 +215,12 @@ class MpiBackend(Backend):
         self._bool_ops = {"min": MPI.LAND, "max": MPI.LOR, "band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR}
         self._fromaddress = MPI.buffer.fromaddress
         self._in_place = MPI.IN_PLACE
+        #: Unfinished requests whose waits raised or whose MpiRequest was dropped: (request, tensors, receive).
+        self._orphans: list = []
+        #: (data_ptr, numel, dtype, op) -> (MPI buffer spec, MPI op, divide after): see ``all_reduce``.
+        self._specs: dict = {}
+        #: (data_ptr, nbytes) -> byte buffer spec, for point to point.
+        self._byte_specs: dict = {}
 
     @classmethod
     def world(cls) -> "MpiBackend":
@@ -217,20 +277,27 @@ class MpiBackend(Backend):
 
     # -- point to point ---------------------------------------------------------------
     def _bytes(self, tensor: torch.Tensor) -> list:
-        return [self._fromaddress(tensor.data_ptr(), tensor.numel() * tensor.element_size()), self.MPI.BYTE]
+        nbytes = tensor.numel() * tensor.element_size()
+        key = (tensor.data_ptr(), nbytes)
+        spec = self._byte_specs.get(key)
+        if spec is None:  # a description of an address range, nothing owned: reusing it is exact
+            if len(self._byte_specs) >= _SPEC_CACHE:
+                self._byte_specs.clear()
+            spec = self._byte_specs[key] = [self._fromaddress(key[0], nbytes), self.MPI.BYTE]
+        return spec
 
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
-        return MpiRequest(self.p2p.Isend(self._bytes(tensor), dest=peer, tag=tag),
-                          ("send to rank {} (tag {})", peer, tag), tensor, peer=peer)
+        return MpiRequest(self.p2p.Isend(self._bytes(tensor), peer, tag),
+                          ("send to rank {} (tag {})", peer, tag), tensor, self._orphans, peer=peer)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
-        return MpiRequest(self.p2p.Irecv(self._bytes(tensor), source=peer, tag=tag),
-                          ("recv from rank {} (tag {})", peer, tag), tensor, peer=peer)
+        return MpiRequest(self.p2p.Irecv(self._bytes(tensor), peer, tag),
+                          ("recv from rank {} (tag {})", peer, tag), tensor, self._orphans, peer=peer, receive=True)
 
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
         status = self.MPI.Status()
         return MpiRequest(self.p2p.Irecv(self._bytes(tensor), source=self.MPI.ANY_SOURCE, tag=tag),
-                          f"recv from any rank (tag {tag})", tensor, status=status)
+                          f"recv from any rank (tag {tag})", tensor, self._orphans, status=status, receive=True)
 
     def split(self, ranks: Sequence[int], key: str) -> Optional["MpiBackend"]:
         group = self.comm.Get_group().Incl(list(ranks))
@@ -241,10 +308,12 @@ class MpiBackend(Backend):
         return MpiBackend(comm)
 
     def close(self) -> None:
+        """Settle the requests left behind (see the note), then free the communicators and user ops."""
+        self.settle_orphans()
         release_shared_memory(self)
         for comm in (self.p2p, self.comm):
             try:
-                comm.Free()
+                comm.Free()  # legal with requests still posted: MPI frees it once they complete
             except Exception:  # finalized already, or a predefined communicator
                 pass
         for user_op in self._user_ops.values():
@@ -253,6 +322,24 @@ class MpiBackend(Backend):
             except Exception:
                 pass
         self._user_ops.clear()
+        self._specs.clear()
+        self._byte_specs.clear()
+
+    def settle_orphans(self) -> int:
+        """Cancel the orphaned receives, keep every request still unfinished (with its tensors) in
+        ``_ABANDONED``, and forget those MPI is done with.  Returns how many stay abandoned."""
+        orphans = self._orphans[:]  # the same list object: MpiRequests append to it
+        del self._orphans[:len(orphans)]
+        for request, keep, receive in orphans:
+            if receive and not _finished(request, self.MPI):
+                try:
+                    request.Cancel()  # allowed for receives; completes locally once Test sees it
+                except Exception:
+                    pass
+                _finished(request, self.MPI, patience_s=1.0)
+            _ABANDONED.append((request, keep))
+        _ABANDONED[:] = [entry for entry in _ABANDONED if not _finished(entry[0], self.MPI)]
+        return len(_ABANDONED)
 
     # -- what MPI supports ------------------------------------------------------------
     @classmethod
@@ -265,21 +352,33 @@ class MpiBackend(Backend):
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
-        numel = tensor.numel()
-        if numel:
-            # _buffer and _op, spelled out: this is the short path of a small blocking all_reduce.
-            dtype = tensor.dtype
-            mpi_type = self._types.get(dtype)
-            buf = [self._fromaddress(tensor.data_ptr(), numel * tensor.element_size()), numel,
-                   self.MPI.INT16_T if mpi_type is None else mpi_type]
-            mpi_op = self._ops[op] if mpi_type is not None and dtype is not torch.bool else self._op(op, dtype)
-            _wait(self.comm.Iallreduce(self._in_place, buf, op=mpi_op), "MPI Iallreduce", deadline)
-            if op == "avg":
+        # The short path of a small blocking all_reduce: one dictionary lookup finds the MPI buffer
+        # description, datatype and op of a tensor seen before (by address, length, dtype and op;
+        # a description owns nothing, so one that matches is exact however old).
+        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype, op)
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = self._all_reduce_spec(tensor, op, key)
+        if spec[0] is not None:
+            request = self.comm.Iallreduce(self._in_place, spec[0], spec[1])
+            if not request.Test():
+                _wait(request, "MPI Iallreduce", deadline, None, self._orphans, tensor)
+            if spec[2]:
                 tensor.div_(self.size)
+
+    def _all_reduce_spec(self, tensor, op, key) -> tuple:
+        """``(buffer spec or None when empty, MPI op, divide after)`` of an all_reduce, remembered under ``key``."""
+        if len(self._specs) >= _SPEC_CACHE:
+            self._specs.clear()
+        numel = tensor.numel()
+        spec = (self._buffer(tensor) if numel else None, self._op(op, tensor.dtype), op == "avg")
+        self._specs[key] = spec
+        return spec
 
     def broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
         if tensor.numel():
-            _wait(self.comm.Ibcast(self._buffer(tensor), root=root), "MPI Ibcast", deadline)
+            _wait(self.comm.Ibcast(self._buffer(tensor), root=root), "MPI Ibcast", deadline, None, self._orphans,
+                  tensor)
 
     def reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> None:
         if tensor.numel() == 0:
@@ -290,7 +389,7 @@ class MpiBackend(Backend):
             request = self.comm.Ireduce(self.MPI.IN_PLACE, buf, op=mpi_op, root=root)
         else:
             request = self.comm.Ireduce(buf, None, op=mpi_op, root=root)
-        _wait(request, "MPI Ireduce", deadline)
+        _wait(request, "MPI Ireduce", deadline, None, self._orphans, tensor)
         if self.rank == root and op == "avg":
             tensor.div_(self.size)
 
@@ -301,21 +400,23 @@ class MpiBackend(Backend):
         out = self._buffer(output, count=m)  # count per rank
         own = output[self.rank * m:(self.rank + 1) * m]
         send = self.MPI.IN_PLACE if own.data_ptr() == input.data_ptr() else self._buffer(input)
-        _wait(self.comm.Iallgather(send, out), "MPI Iallgather", deadline)
+        _wait(self.comm.Iallgather(send, out), "MPI Iallgather", deadline, None, self._orphans, (output, input))
 
     def gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
         m = input.numel()
         if m == 0:
             return
         recv = self._buffer(output, count=m) if self.rank == root else None
-        _wait(self.comm.Igather(self._buffer(input), recv, root=root), "MPI Igather", deadline)
+        _wait(self.comm.Igather(self._buffer(input), recv, root=root), "MPI Igather", deadline, None, self._orphans,
+              (output, input))
 
     def scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
         m = output.numel()
         if m == 0:
             return
         send = self._buffer(input, count=m) if self.rank == root else None
-        _wait(self.comm.Iscatter(send, self._buffer(output), root=root), "MPI Iscatter", deadline)
+        _wait(self.comm.Iscatter(send, self._buffer(output), root=root), "MPI Iscatter", deadline, None,
+              self._orphans, (output, input))
 
     def reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
         m = output.numel()
@@ -324,7 +425,8 @@ class MpiBackend(Backend):
         if _overlaps(output, input):
             input = input.clone()
         _wait(self.comm.Ireduce_scatter_block(self._buffer(input, count=m), self._buffer(output),
-                                              op=self._op(op, output.dtype)), "MPI Ireduce_scatter_block", deadline)
+                                              op=self._op(op, output.dtype)), "MPI Ireduce_scatter_block", deadline,
+              None, self._orphans, (output, input))
         if op == "avg":
             output.div_(self.size)
 
@@ -334,10 +436,11 @@ class MpiBackend(Backend):
         send, recv = self._buffer(input), self._buffer(output)
         send_spec = [send[0], (list(in_counts), _displacements(in_counts)), send[2]]
         recv_spec = [recv[0], (list(out_counts), _displacements(out_counts)), recv[2]]
-        _wait(self.comm.Ialltoallv(send_spec, recv_spec), "MPI Ialltoallv", deadline)
+        _wait(self.comm.Ialltoallv(send_spec, recv_spec), "MPI Ialltoallv", deadline, None, self._orphans,
+              (output, input))
 
     def barrier(self, *, tag, deadline, segment_bytes) -> None:
-        _wait(self.comm.Ibarrier(), "MPI Ibarrier", deadline)
+        _wait(self.comm.Ibarrier(), "MPI Ibarrier", deadline, None, self._orphans)
 
     NATIVE = {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce, "all_gather": all_gather,
               "gather": gather, "scatter": scatter, "reduce_scatter": reduce_scatter, "all_to_all": all_to_all,

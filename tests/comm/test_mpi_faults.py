@@ -1,0 +1,116 @@
+"""MPI after a timeout: requests left behind never touch freed memory, and a new group works.
+
+A rank that times out leaves its MPI request posted (MPI forbids cancelling a nonblocking
+collective); when the late peer joins, MPI completes that request and writes into its tensor.
+Each case here times rank 0 out of a 1 s group while rank 1 is late, drops rank 0's tensor
+(1 MiB: glibc hands such a block back to the system when it is freed, so a write into it after
+a free would crash) and fills a new tensor of the same size; then rank 1 joins the old call.
+Every rank must see: a typed error on the timed-out call, an immediate typed error on the next
+call of that group, no change in the new tensor, and a working group after destroy + create
+(a subgroup, and the default group itself).
+"""
+import datetime
+import gc
+import time
+
+import pytest
+import torch
+
+from support.worlds import worlds
+
+import zerocomm.comm as dist
+
+NUMEL = 1 << 18  # 1 MiB of float32
+TIMEOUT = datetime.timedelta(seconds=1)
+
+
+def _late_peer_on(group, algorithm: str, late_s: float) -> dict:
+    """Rank 0 times out in an all_reduce on ``group``; rank 1 joins it ``late_s`` seconds later."""
+    rank = dist.get_rank()
+    seen = {"rank": rank}
+    if rank == 0:
+        x = torch.ones(NUMEL)
+        start = time.monotonic()
+        try:
+            dist.all_reduce(x, group=group, algorithm=algorithm)
+        except dist.CommError as error:
+            seen["first"] = (type(error).__name__, round(time.monotonic() - start, 1))
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(2), group=group, algorithm=algorithm)
+        except dist.CommError as error:
+            seen["again"] = (type(error).__name__, "unusable after an earlier failure" in str(error),
+                             time.monotonic() - start)
+        del x  # MPI may still write into it: the backend must keep it alive
+        gc.collect()
+        seen["y"] = y = torch.full((NUMEL,), 7.0)
+    else:
+        time.sleep(late_s)
+        x = torch.ones(NUMEL)
+        try:
+            dist.all_reduce(x, group=group, algorithm=algorithm)
+            seen["late"] = "done"
+        except dist.CommError as error:  # a multi-step schedule may wait for a rank 0 that gave up
+            seen["late"] = type(error).__name__
+    return seen
+
+
+def late_peer_then_new_group(algorithm: str) -> dict:
+    group = dist.new_group([0, 1], timeout=TIMEOUT)
+    seen = _late_peer_on(group, algorithm, late_s=2.0)
+    check = torch.ones(2)
+    dist.all_reduce(check)  # the world is unaffected; rank 0's left-behind request progresses here
+    dist.destroy_process_group(group)
+    again = dist.new_group([0, 1], timeout=TIMEOUT)
+    fresh = torch.full((8,), float(dist.get_rank() + 1))
+    dist.all_reduce(fresh, group=again, algorithm=algorithm)
+    dist.destroy_process_group(again)
+    y = seen.pop("y", None)
+    seen["y_intact"] = None if y is None else bool((y == 7.0).all())
+    seen["check"] = check.tolist()
+    seen["fresh"] = fresh.tolist()
+    return seen
+
+
+@pytest.mark.parametrize("world", worlds(("mpi",), (2,)), indirect=True)
+@pytest.mark.parametrize("algorithm", ["native", "recursive_doubling", "ring"])
+def test_a_timed_out_mpi_group_keeps_buffers_alive_and_a_new_group_works(world, algorithm):
+    for seen in world.run(late_peer_then_new_group, algorithm, timeout=60):
+        if seen["rank"] == 0:
+            assert seen["first"][0] == "CommTimeoutError" and seen["first"][1] < 3.0, seen
+            name, poisoned, took = seen["again"]
+            assert name == "CommTimeoutError" and poisoned and took < 0.5, seen
+            assert seen["y_intact"] is True, seen
+        else:
+            assert seen["late"] in ("done", "CommTimeoutError"), seen
+        assert seen["check"] == [2.0, 2.0], seen
+        assert seen["fresh"] == [3.0] * 8, seen
+
+
+def late_peer_then_new_world() -> dict:
+    """The same on the default group: destroy_process_group() and init_process_group() again."""
+    from zerocomm.comm.group import WORLD
+    original = WORLD.default.timeout
+    dist.destroy_process_group()
+    dist.init_process_group("mpi", timeout=TIMEOUT)
+    seen = _late_peer_on(None, "native", late_s=2.0)
+    dist.destroy_process_group()
+    dist.init_process_group("mpi", timeout=original)  # as the pool made it, for the tests after this one
+    fresh = torch.full((8,), float(dist.get_rank() + 1))
+    dist.all_reduce(fresh)
+    y = seen.pop("y", None)
+    seen["y_intact"] = None if y is None else bool((y == 7.0).all())
+    seen["fresh"] = fresh.tolist()
+    return seen
+
+
+@pytest.mark.parametrize("world", worlds(("mpi",), (2,)), indirect=True)
+def test_a_timed_out_mpi_world_can_be_destroyed_and_created_again(world):
+    for seen in world.run(late_peer_then_new_world, timeout=60):
+        if seen["rank"] == 0:
+            assert seen["first"][0] == "CommTimeoutError", seen
+            assert seen["again"][1], seen
+            assert seen["y_intact"] is True, seen
+        else:
+            assert seen["late"] == "done", seen
+        assert seen["fresh"] == [3.0] * 8, seen
