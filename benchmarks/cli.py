@@ -32,6 +32,7 @@ COMMANDS = {
     "zero": "zero_cli",
     "trace": "trace_cli",
     "overhead": "overhead",
+    "cluster": "cluster",
 }
 DEFAULT_COMMAND = next(iter(COMMANDS))
 

@@ -39,7 +39,9 @@ The other collectives are not registered: the selection layer refuses them, nami
 """
 from __future__ import annotations
 
+import functools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -47,10 +49,12 @@ import torch
 from .. import topology
 from ..transport import Backend, Transport
 from .ring import all_gather_ring, all_reduce_ring, broadcast_ring, reduce_ring, reduce_scatter_ring
-from .tree import all_reduce_recursive_doubling, broadcast_tree, finalize, reduce_tree
+from .tree import all_reduce_recursive_doubling, broadcast_tree, finalize, reduce_tree, remaining
 
 #: all_reduce of at most this many bytes takes the small path (reduce, leaders' all_reduce, broadcast).
 SMALL_BYTES = 64 << 10
+#: Large all_reduce runs in rounds of this many bytes (see [Note: rounds]).
+PIPELINE_BYTES = 2 << 20
 #: Inter-host pieces of at most this many bytes use recursive doubling / a tree, larger ones the ring.
 INTER_TREE_BYTES = 64 << 10
 
@@ -79,6 +83,27 @@ class _Layout:
         self.local_index = {r: ranks.index(r) for ranks in self.hosts for r in ranks}
         self.nonce = nonce
         self.comms: dict[tuple[int, ...], Optional[Transport]] = {}
+        self._helper: Optional[ThreadPoolExecutor] = None
+
+    def comm_of(self, ranks: Sequence[int], rank: int) -> Optional[Transport]:
+        """``rank``'s communicator over ``ranks`` (made by :func:`_comms`), ``None`` if it is not a member."""
+        key = tuple(sorted(ranks))
+        return self.comms[key] if rank in key else None
+
+    def helper(self) -> ThreadPoolExecutor:
+        """The thread that runs inter-host phases beside this one (see [Note: rounds])."""
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="zerocomm-hierarchical")
+        return self._helper
+
+    def close(self, t: Transport) -> None:
+        if self._helper is not None:
+            self._helper.shutdown(wait=False, cancel_futures=True)
+            self._helper = None
+        for comm in self.comms.values():
+            if comm is not None and comm is not t:
+                comm.close()
+        self.comms.clear()
 
     def one_host(self) -> bool:
         return len(self.hosts) == 1
@@ -125,12 +150,8 @@ def _comms(t: Transport, lay: _Layout, wanted: Sequence[Sequence[int]]) -> list[
 def release(t: Transport) -> None:
     """Close the sub-communicators hierarchical made over ``t`` (its backend's ``close`` calls this)."""
     lay = t.__dict__.pop(_ATTR, None)
-    if lay is None:
-        return
-    for comm in lay.comms.values():
-        if comm is not None and comm is not t:
-            comm.close()
-    lay.comms.clear()
+    if lay is not None:
+        lay.close(t)
 
 
 def _intra(collective: str, fallback: Callable[..., None]) -> Callable[..., None]:
@@ -215,27 +236,60 @@ def _pieces(lay: _Layout, numel: int) -> list[tuple[int, int, tuple[int, ...]]]:
 
 
 def _all_reduce_large(t: Transport, lay: _Layout, tensor: torch.Tensor, op: str, kw: dict) -> None:
+    # [Note: rounds]  The buffer runs in rounds of PIPELINE_BYTES, each a whole hierarchical
+    # all_reduce of its region; a helper thread runs the inter-host phase of round k while this thread
+    # runs the intra-host reduce-scatter of round k+1 and the all_gather of round k-1, so the link is
+    # busy while the host's memory work happens.  Per communicator, every rank issues the same calls in
+    # the same order: intra RS 0, RS 1, AG 0, RS 2, AG 1, ...; inter round 0, 1, ... (pieces in order).
     numel = tensor.numel()
-    pieces = _pieces(lay, numel)
-    comms = _comms(t, lay, list(lay.hosts) + [owners for _, _, owners in pieces])
-    intra, inters = comms[lay.host_of[t.rank]], comms[len(lay.hosts):]
+    per = max(PIPELINE_BYTES // tensor.element_size(), max(len(ranks) for ranks in lay.hosts))
+    rounds = [(lo, min(lo + per, numel), _pieces(lay, min(lo + per, numel) - lo)) for lo in range(0, numel, per)]
+    _comms(t, lay, list(lay.hosts) + [owners for _, _, pieces in rounds for _, _, owners in pieces])
+    intra = lay.comm_of(lay.mine, t.rank)
+    pending = None
+    for index, (lo, hi, pieces) in enumerate(rounds):
+        region = tensor[lo:hi]
+        if intra is not None:
+            _intra_reduce(intra, lay, region, op, kw)
+        if pending is not None:
+            pending[0].result(timeout=remaining(kw["deadline"]))
+            if intra is not None:
+                _intra_gather(intra, lay, pending[1], kw)
+        task = functools.partial(_inter_pieces, t, lay, region, pieces, op, kw)
+        if index + 1 < len(rounds):
+            pending = (lay.helper().submit(task), region)
+        else:
+            task()
+            pending = None
+            if intra is not None:
+                _intra_gather(intra, lay, region, kw)
+
+
+def _intra_reduce(intra: Transport, lay: _Layout, region: torch.Tensor, op: str, kw: dict) -> None:
+    """Local index ``i`` ends with the host's partial of chunk ``i`` of ``region``; the last, with the tail's."""
     m, i = len(lay.mine), lay.index
-    s = numel // m
-    main, last = m * s, m - 1
-    if intra is not None:
-        if s:
-            _intra("reduce_scatter", reduce_scatter_ring)(intra, tensor[i * s:(i + 1) * s], tensor[:main], op, **kw)
-        if main < numel:
-            _intra("reduce", reduce_ring)(intra, tensor[main:], op, last, **kw)
-    for (lo, hi, owners), inter in zip(pieces, inters):
+    s = region.numel() // m
+    if s:
+        _intra("reduce_scatter", reduce_scatter_ring)(intra, region[i * s:(i + 1) * s], region[:m * s], op, **kw)
+    if m * s < region.numel():
+        _intra("reduce", reduce_ring)(intra, region[m * s:], op, m - 1, **kw)
+
+
+def _inter_pieces(t: Transport, lay: _Layout, region: torch.Tensor, pieces, op: str, kw: dict) -> None:
+    for lo, hi, owners in pieces:
+        inter = lay.comm_of(owners, t.rank)
         if inter is not None:
-            piece = tensor[lo:hi]
+            piece = region[lo:hi]
             _inter_all_reduce(piece.numel() * piece.element_size())(inter, piece, op, **kw)
-    if intra is not None:
-        if s:
-            _intra("all_gather", all_gather_ring)(intra, tensor[:main], tensor[i * s:(i + 1) * s], **kw)
-        if main < numel:
-            _intra("broadcast", broadcast_tree)(intra, tensor[main:], last, **kw)
+
+
+def _intra_gather(intra: Transport, lay: _Layout, region: torch.Tensor, kw: dict) -> None:
+    m, i = len(lay.mine), lay.index
+    s = region.numel() // m
+    if s:
+        _intra("all_gather", all_gather_ring)(intra, region[:m * s], region[i * s:(i + 1) * s], **kw)
+    if m * s < region.numel():
+        _intra("broadcast", broadcast_tree)(intra, region[m * s:], m - 1, **kw)
 
 
 # -- reduce_scatter and all_gather ------------------------------------------------------------------------

@@ -57,6 +57,7 @@ def path(request, monkeypatch):
     if request.param == "large path":
         monkeypatch.setattr(hierarchical, "SMALL_BYTES", 0)
         monkeypatch.setattr(hierarchical, "INTER_TREE_BYTES", 8)
+        monkeypatch.setattr(hierarchical, "PIPELINE_BYTES", 20)  # several rounds, the last one short
     return request.param
 
 
