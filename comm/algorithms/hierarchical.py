@@ -39,7 +39,7 @@ The other collectives are not registered: the selection layer refuses them, nami
 """
 from __future__ import annotations
 
-import functools
+import collections
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional, Sequence
@@ -239,30 +239,30 @@ def _all_reduce_large(t: Transport, lay: _Layout, tensor: torch.Tensor, op: str,
     # [Note: rounds]  The buffer runs in rounds of PIPELINE_BYTES, each a whole hierarchical
     # all_reduce of its region; a helper thread runs the inter-host phase of round k while this thread
     # runs the intra-host reduce-scatter of round k+1 and the all_gather of round k-1, so the link is
-    # busy while the host's memory work happens.  Per communicator, every rank issues the same calls in
+    # busy while the host's memory work happens (round k+1's inter phase is queued behind round k's).  Per communicator, every rank issues the same calls in
     # the same order: intra RS 0, RS 1, AG 0, RS 2, AG 1, ...; inter round 0, 1, ... (pieces in order).
     numel = tensor.numel()
     per = max(PIPELINE_BYTES // tensor.element_size(), max(len(ranks) for ranks in lay.hosts))
     rounds = [(lo, min(lo + per, numel), _pieces(lay, min(lo + per, numel) - lo)) for lo in range(0, numel, per)]
     _comms(t, lay, list(lay.hosts) + [owners for _, _, pieces in rounds for _, _, owners in pieces])
     intra = lay.comm_of(lay.mine, t.rank)
-    pending = None
-    for index, (lo, hi, pieces) in enumerate(rounds):
+    queued: collections.deque = collections.deque()  # (inter-host phase's future, region), oldest first
+    for lo, hi, pieces in rounds:
         region = tensor[lo:hi]
         if intra is not None:
             _intra_reduce(intra, lay, region, op, kw)
-        if pending is not None:
-            pending[0].result(timeout=remaining(kw["deadline"]))
-            if intra is not None:
-                _intra_gather(intra, lay, pending[1], kw)
-        task = functools.partial(_inter_pieces, t, lay, region, pieces, op, kw)
-        if index + 1 < len(rounds):
-            pending = (lay.helper().submit(task), region)
-        else:
-            task()
-            pending = None
-            if intra is not None:
-                _intra_gather(intra, lay, region, kw)
+        # Queued behind the previous round's inter phase: the link never waits for this thread's all_gather.
+        queued.append((lay.helper().submit(_inter_pieces, t, lay, region, pieces, op, kw), region))
+        if len(queued) > 1:
+            _finish_round(intra, lay, *queued.popleft(), kw)
+    while queued:
+        _finish_round(intra, lay, *queued.popleft(), kw)
+
+
+def _finish_round(intra: Optional[Transport], lay: _Layout, inter_done, region: torch.Tensor, kw: dict) -> None:
+    inter_done.result(timeout=remaining(kw["deadline"]))
+    if intra is not None:
+        _intra_gather(intra, lay, region, kw)
 
 
 def _intra_reduce(intra: Transport, lay: _Layout, region: torch.Tensor, op: str, kw: dict) -> None:
