@@ -9,8 +9,12 @@ naming backend, device, collective, algorithm, dtype and what to use instead, be
 any byte moves.  Every decision is logged at DEBUG level on the
 ``zerocomm.comm.select`` logger.
 
+A group whose ranks run on several hosts reads the backend's section ``"<backend>+hosts"``
+(measured across hosts, e.g. with ``zerocomm-bench cluster``) when the table has one; the
+group learns its hosts once, at its first "auto" call (``comm.topology``).
+
 Everything here depends only on the cell (backend, group size, collective, dtype, op,
-requested algorithm), so :func:`rule` is computed once per cell and cached: a call
+requested algorithm, whether the group spans hosts), so :func:`rule` is computed once per cell and cached: a call
 pays a dictionary lookup, not a table walk.
 """
 from __future__ import annotations
@@ -58,6 +62,8 @@ def refusal(collective: str, backend, dtype: torch.dtype, op: Optional[str], alg
         return backend.native_support(collective, dtype, op)
     if (collective, algorithm) not in ALGORITHMS:
         return f"zerocomm has no {algorithm} {collective}"
+    if algorithm == "hierarchical" and backend.device_type != "cpu":
+        return f"hierarchical runs on CPU backends (it learns the hosts with CPU tensors), not {backend.device_type}"
     return backend.can_move(dtype)
 
 
@@ -85,17 +91,25 @@ class Rule(NamedTuple):
     refusal: Optional[str]
 
 
+def host_section(backend) -> Optional[dict]:
+    """The table's section for groups of ``backend`` that span several hosts, or ``None``."""
+    return auto_table().get(f"{backend.name}+hosts")
+
+
 @functools.lru_cache(maxsize=4096)
-def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[str], choice: str) -> Rule:
+def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[str], choice: str,
+         spans_hosts: bool = False) -> Rule:
     """The cached selection rule of one cell (``backend`` is the backend class, ``size`` the group's)."""
     if choice != "auto":
         return Rule(choice, None, refusal(collective, backend, dtype, op, choice))
     rows = []
-    for max_world, max_bytes, algorithm in auto_table().get(backend.name, {}).get(collective, []):
+    section = (host_section(backend) if spans_hosts else None) or auto_table().get(backend.name, {})
+    for max_world, max_bytes, algorithm in section.get(collective, []):
         if size <= max_world and refusal(collective, backend, dtype, op, algorithm) is None:
             rows.append((max_bytes, algorithm))
     # Past the table (or without one): the first exact algorithm that serves the cell.
-    fallback = next((a for a in _EXACT if refusal(collective, backend, dtype, op, a) is None), None)
+    fallback = next((a for a in _EXACT if a != "hierarchical" and refusal(collective, backend, dtype, op, a) is None),
+                    None)
     if fallback is None:
         return Rule("native", None, refusal(collective, backend, dtype, op, "native"))
     rows.append((UNBOUNDED, fallback))

@@ -24,6 +24,10 @@ from .transport import Transport
 #: Environment variable naming this process's host; unset or empty: the hostname.
 HOST_ENV = "ZEROCOMM_HOST"
 
+#: The tag of the exchange a group makes to learn its hosts outside any collective (selection's, at the
+#: first "auto" call): above every collective's tag (group.py cycles them below ``1 << 28``).
+HOSTS_TAG = 1 << 28
+
 #: Bytes of a host name moved per rank (names are truncated to this, UTF-8).
 _NAME_BYTES = 256
 

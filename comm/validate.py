@@ -15,6 +15,7 @@ first two ranks that disagree, instead of the hang or abort a mismatch gives on 
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import torch
@@ -22,9 +23,10 @@ import torch.distributed as _td
 
 from . import select
 from .algorithms import ALGORITHM_CHOICES, ALGORITHM_NAMES, ALGORITHMS, COLLECTIVES
-from .errors import CollectiveMismatchError, InvalidArgumentError, UnsupportedError
+from .errors import CollectiveMismatchError, CommTimeoutError, InvalidArgumentError, PeerError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
+from .transport import PeerFailure
 
 _DTYPES = frozenset(SUPPORTED_DTYPES)
 _OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -202,7 +204,8 @@ def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Opti
     if choice not in ALGORITHM_CHOICES:
         raise InvalidArgumentError(f"rank {group.my_global_rank}: {what}: algorithm must be one of "
                                    f"{ALGORITHM_CHOICES}, got {choice!r}")
-    rule = select.rule(group.backend_type, group.size(), collective, dtype, op, choice)
+    spans = choice == "auto" and _spans_hosts(group, what)
+    rule = select.rule(group.backend_type, group.size(), collective, dtype, op, choice, spans)
     if rule.rows is None:
         if rule.refusal is not None:
             select.raise_unsupported(collective, group, dtype, op, choice, rule.refusal)
@@ -221,6 +224,29 @@ def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Opti
     if rule.rows is None:  # the same for every size: remembered by the group (a size-steered "auto" is not)
         group.choices[key] = chosen
     return chosen
+
+
+def _spans_hosts(group: Group, what: str) -> bool:
+    """Whether the group's ranks run on several hosts, where the auto table has a section for that.
+
+    Learnt at the group's first "auto" call, by every rank (all make the same calls in the same
+    order), with an exchange under a tag no collective uses; then kept on the communicator.
+    """
+    comm = group.communicator
+    spans = getattr(comm, "_zerocomm_spans_hosts", None)
+    if spans is None:
+        spans = False
+        if group.size() > 1 and group.on_cpu and select.host_section(group.backend_type):
+            from . import topology
+            try:
+                names = topology.hosts(comm, tag=topology.HOSTS_TAG, deadline=time.monotonic() + group._timeout_s)
+            except (TimeoutError, PeerFailure) as error:
+                kind = CommTimeoutError if isinstance(error, TimeoutError) else PeerError
+                raise kind(f"rank {group.my_global_rank}: {what}: learning the hosts of {group.describe()} "
+                           f"failed: {error}") from None
+            spans = len(set(names)) > 1
+        comm._zerocomm_spans_hosts = spans
+    return spans
 
 
 def _selection_logged() -> bool:

@@ -408,6 +408,8 @@ def all_gather_hierarchical(t: Transport, output: torch.Tensor, input: torch.Ten
     alone = len(lay.mine) == 1
     # A rank alone on its host is responsible for every chunk, in order: its scratch is the output itself.
     scratch = output if alone else torch.empty(len(lay.mine) * width, dtype=input.dtype, device=input.device)
+    if not alone:  # padding travels in the intra all_gather: defined bytes (a bool must hold 0 or 1)
+        scratch[(lay.index * slots.k + len(slots.chunks[lay.index])) * m:(lay.index + 1) * width].zero_()
     own = input  # read only by the inter phase, before anything is written to output (other than its chunks)
     for (members, chunks), inter in zip(slots.teams, inters):
         if inter is None:

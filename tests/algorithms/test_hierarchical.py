@@ -6,8 +6,6 @@ hosts, uneven ones (3 + 1, 1 + 3, 2 + 2 + 1 ...) and interleaved ones (a, b, a, 
 Sizes: empty, fewer elements than ranks, not divisible by a host's size, and the large path
 (``SMALL_BYTES`` lowered so small data takes it).  The dtype x op matrix is in test_matrix.py.
 """
-import functools
-
 import pytest
 import torch
 
@@ -17,6 +15,7 @@ from support.collective_checks import (
     check_broadcast,
     check_reduce_scatter,
     deadline,
+    on_pretend_hosts as with_hosts,
 )
 from support.local_transport import LocalFabric, run_ranks
 from zerocomm.comm import topology
@@ -39,17 +38,6 @@ LAYOUTS = [
     "aaaabbc", "abababa",
     "aaaabbbb", "aabbccdd", "aaaaaaab", "abcdabcd",
 ]
-
-
-def with_hosts(fn, names):
-    """``fn`` run after each rank learnt ``names`` as the ranks' hosts (the first collective of its transport)."""
-
-    @functools.wraps(fn)
-    def wrapped(t, *args, tag, **kw):
-        topology.hosts(t, tag=tag, deadline=deadline(), name=names[t.rank])
-        fn(t, *args, tag=tag, **kw)
-
-    return wrapped
 
 
 @pytest.fixture(params=["small path", "large path"])
