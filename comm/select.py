@@ -103,8 +103,10 @@ def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[s
     if choice != "auto":
         return Rule(choice, None, refusal(collective, backend, dtype, op, choice))
     rows = []
-    section = (host_section(backend) if spans_hosts else None) or auto_table().get(backend.name, {})
-    for max_world, max_bytes, algorithm in section.get(collective, []):
+    # Across hosts: the section measured there, for the collectives it has; the one-host rows otherwise.
+    across = (host_section(backend) or {}) if spans_hosts else {}
+    table = across.get(collective) or auto_table().get(backend.name, {}).get(collective, [])
+    for max_world, max_bytes, algorithm in table:
         if size <= max_world and refusal(collective, backend, dtype, op, algorithm) is None:
             rows.append((max_bytes, algorithm))
     # Past the table (or without one): the first exact algorithm that serves the cell.

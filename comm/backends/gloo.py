@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as td
 
+from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import Backend, PeerFailure, Request
 
 _C = torch._C._distributed_c10d
@@ -135,6 +136,7 @@ class GlooBackend(Backend):
         return GlooBackend(store, list(ranks).index(self.rank), len(ranks), self.timeout)
 
     def close(self) -> None:
+        release_sub_communicators(self)
         self.pg = None
 
     # -- what gloo supports -----------------------------------------------------------

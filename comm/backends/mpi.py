@@ -30,6 +30,7 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from ...ops.reduce import reduce_
+from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import Backend, PeerFailure, Request
 
 #: The phases of a wait (see the note above).
@@ -240,6 +241,7 @@ class MpiBackend(Backend):
         return MpiBackend(comm)
 
     def close(self) -> None:
+        release_sub_communicators(self)
         for comm in (self.p2p, self.comm):
             try:
                 comm.Free()
