@@ -47,7 +47,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .. import topology
-from ..transport import Backend, Transport
+from ..transport import Transport
 from .ring import all_gather_ring, all_reduce_ring, broadcast_ring, reduce_ring, reduce_scatter_ring
 from .tree import all_reduce_recursive_doubling, broadcast_tree, finalize, reduce_tree, remaining
 
