@@ -33,6 +33,7 @@ COMMANDS = {
     "trace": "trace_cli",
     "overhead": "overhead",
     "shm": "shm_bench",
+    "cluster": "cluster",
 }
 DEFAULT_COMMAND = next(iter(COMMANDS))
 

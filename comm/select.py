@@ -9,8 +9,12 @@ naming backend, device, collective, algorithm, dtype and what to use instead, be
 any byte moves.  Every decision is logged at DEBUG level on the
 ``zerocomm.comm.select`` logger.
 
+A group whose ranks run on several hosts reads the backend's section ``"<backend>+hosts"``
+(measured across hosts, e.g. with ``zerocomm-bench cluster``) when the table has one; the
+group learns its hosts once, at its first "auto" call (``comm.topology``).
+
 Everything here depends only on the cell (backend, group size, collective, dtype, op,
-requested algorithm), so :func:`rule` is computed once per cell and cached: a call
+requested algorithm, whether the group spans hosts), so :func:`rule` is computed once per cell and cached: a call
 pays a dictionary lookup, not a table walk.
 """
 from __future__ import annotations
@@ -64,6 +68,8 @@ def refusal(collective: str, backend, dtype: torch.dtype, op: Optional[str], alg
         return f"zerocomm has no {algorithm} {collective}"
     if algorithm == "shm":
         return _shm_refusal(backend, one_host)
+    if algorithm == "hierarchical" and backend.device_type != "cpu":
+        return f"hierarchical runs on CPU backends (it learns the hosts with CPU tensors), not {backend.device_type}"
     return backend.can_move(dtype)
 
 
@@ -99,11 +105,17 @@ class Rule(NamedTuple):
     refusal: Optional[str]
 
 
+def host_section(backend) -> Optional[dict]:
+    """The table's section for groups of ``backend`` that span several hosts, or ``None``."""
+    return auto_table().get(f"{backend.name}+hosts")
+
+
 @functools.lru_cache(maxsize=4096)
 def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[str], choice: str,
          one_host: Optional[bool] = None) -> Rule:
     """The cached selection rule of one cell (``backend`` is the backend class, ``size`` the group's,
-    ``one_host`` whether its ranks share a host, ``None`` if not known: "auto" then never picks "shm")."""
+    ``one_host`` whether its ranks share a host, ``None`` if not known: "auto" then never picks "shm",
+    and takes the table's ``<backend>+hosts`` rows only when it is ``False``)."""
     if choice != "auto":
         return Rule(choice, None, refusal(collective, backend, dtype, op, choice, one_host))
 
@@ -113,11 +125,15 @@ def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[s
         return refusal(collective, backend, dtype, op, algorithm, one_host) is None
 
     rows = []
-    for max_world, max_bytes, algorithm in auto_table().get(backend.name, {}).get(collective, []):
+    # Across hosts: the section measured there, for the collectives it has; the one-host rows otherwise.
+    across = (host_section(backend) or {}) if one_host is False else {}
+    table = across.get(collective) or auto_table().get(backend.name, {}).get(collective, [])
+    for max_world, max_bytes, algorithm in table:
         if size <= max_world and serves(algorithm):
             rows.append((max_bytes, algorithm))
-    # Past the table (or without one): the first exact algorithm that serves the cell.
-    fallback = next((a for a in _EXACT if serves(a)), None)
+    # Past the table (or without one): the first exact algorithm that serves the cell, never one that
+    # is only worth it where measured (shm, hierarchical).
+    fallback = next((a for a in _EXACT if a not in ("shm", "hierarchical") and serves(a)), None)
     if fallback is None:
         return Rule("native", None, refusal(collective, backend, dtype, op, "native"))
     rows.append((UNBOUNDED, fallback))

@@ -15,6 +15,7 @@ first two ranks that disagree, instead of the hang or abort a mismatch gives on 
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import torch

@@ -29,6 +29,12 @@ from __future__ import annotations
 from typing import Callable
 
 from .compressed import all_reduce_onebit
+from .hierarchical import (
+    all_gather_hierarchical,
+    all_reduce_hierarchical,
+    broadcast_hierarchical,
+    reduce_scatter_hierarchical,
+)
 
 from .ring import (
     all_gather_ring,
@@ -101,6 +107,11 @@ ALGORITHMS: dict[tuple[str, str], Callable[..., None]] = {
     ("reduce_scatter", "shm"): reduce_scatter_shm,
     ("all_to_all", "shm"): all_to_all_shm,
     ("barrier", "shm"): barrier_shm,
+    # Groups spanning hosts: shared memory (or ring) inside each host, bytes cross each link once.
+    ("all_reduce", "hierarchical"): all_reduce_hierarchical,
+    ("reduce_scatter", "hierarchical"): reduce_scatter_hierarchical,
+    ("all_gather", "hierarchical"): all_gather_hierarchical,
+    ("broadcast", "hierarchical"): broadcast_hierarchical,
 }
 
 #: Algorithms whose result carries compression error (not the exact reduction).

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as td
 
 from ..shm import release as release_shared_memory
+from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import Backend, PeerFailure, Request
 
 _C = torch._C._distributed_c10d
@@ -152,6 +153,7 @@ class GlooBackend(Backend):
 
     def close(self) -> None:
         release_shared_memory(self)
+        release_sub_communicators(self)
         self.pg = None
 
     # -- what gloo supports -----------------------------------------------------------

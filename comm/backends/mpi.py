@@ -45,6 +45,7 @@ import torch
 
 from ...ops.reduce import reduce_
 from ..shm import release as release_shared_memory
+from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import Backend, PeerFailure, Request
 
 #: The phases of a wait (see the note above).
@@ -311,6 +312,7 @@ class MpiBackend(Backend):
         """Settle the requests left behind (see the note), then free the communicators and user ops."""
         self.settle_orphans()
         release_shared_memory(self)
+        release_sub_communicators(self)
         for comm in (self.p2p, self.comm):
             try:
                 comm.Free()  # legal with requests still posted: MPI frees it once they complete

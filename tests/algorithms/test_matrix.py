@@ -24,6 +24,15 @@ def _cells(collectives):
     return [(coll, algo) for (coll, algo) in ALGORITHMS if coll in collectives and algo not in COMPRESSED]
 
 
+#: Pretend hosts for the hierarchical cells (two hosts, the first with more ranks at n=3).
+HOSTS = {3: "aab", 4: "aabb"}
+
+
+def _function(cell, n):
+    fn = ALGORITHMS[cell]
+    return checks.on_pretend_hosts(fn, HOSTS[n]) if cell[1] == "hierarchical" else fn
+
+
 def _id(value):
     if isinstance(value, torch.dtype):
         return str(value).removeprefix("torch.")
@@ -32,7 +41,7 @@ def _id(value):
 
 def test_registry_shape():
     assert set(COLLECTIVES) == {coll for coll, _ in ALGORITHMS}
-    assert algorithms_for("all_reduce") == ["ring", "tree", "recursive_doubling", "onebit", "shm"]
+    assert algorithms_for("all_reduce") == ["ring", "tree", "recursive_doubling", "onebit", "shm", "hierarchical"]
     assert algorithms_for("gather") == ["tree", "shm"]
     assert algorithms_for("no_such_collective") == []
     for (coll, algo), fn in ALGORITHMS.items():
@@ -51,7 +60,7 @@ def test_reference_table_agrees_with_op_admits():
 @pytest.mark.parametrize("cell", _cells(REDUCING), ids=lambda c: "-".join(c))
 def test_reducing_cells(cell, dtype, op, n):
     coll, _ = cell
-    fn = ALGORITHMS[cell]
+    fn = _function(cell, n)
     if coll == "all_reduce":
         checks.check_all_reduce(fn, n, NUMEL, dtype, op, SEGMENT_BYTES)
     elif coll == "reduce":
@@ -68,7 +77,7 @@ MOVING = ("broadcast", "all_gather", "gather", "scatter", "all_to_all")
 @pytest.mark.parametrize("cell", _cells(MOVING), ids=lambda c: "-".join(c))
 def test_data_movement_cells(cell, dtype, n):
     coll, _ = cell
-    fn = ALGORITHMS[cell]
+    fn = _function(cell, n)
     if coll == "broadcast":
         checks.check_broadcast(fn, n, NUMEL, dtype, 1, SEGMENT_BYTES)
     elif coll == "all_gather":

@@ -33,7 +33,7 @@ def all_reduce_cases(backend):
             for shape in SHAPES:
                 inputs = [rank_input(g, numel(shape), dtype, op) for g in grp.members]
                 expected = reduce(inputs, op)
-                for alg in algorithms("recursive_doubling"):
+                for alg in algorithms("recursive_doubling", "hierarchical"):
                     what = f"all_reduce {grp} {dtype_name(dtype)} {op} shape={shape}"
                     buf = Guarded(inputs[grp.rank], dtype, shape)
                     if cases.call(what, grp.members, alg, dist.all_reduce, buf.tensor, red_op(op),

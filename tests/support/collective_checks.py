@@ -7,6 +7,7 @@ untouched, and that no message was left unmatched.  Every wait is bounded by a d
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable, Optional, Sequence
 
@@ -21,6 +22,19 @@ DEADLINE_S = 20.0
 
 def deadline() -> float:
     return time.monotonic() + DEADLINE_S
+
+
+def on_pretend_hosts(fn, names: str):
+    """``fn`` run after each rank learnt ``names[rank]`` as its host (the first exchange of its transport;
+    threads share one environment, so ``ZEROCOMM_HOST`` cannot tell them apart)."""
+    from zerocomm.comm import topology
+
+    @functools.wraps(fn)
+    def wrapped(t, *args, tag, **kw):
+        topology.hosts(t, tag=tag, deadline=deadline(), name=names[t.rank])
+        fn(t, *args, tag=tag, **kw)
+
+    return wrapped
 
 
 def _run(n: int, body: Callable, fabric: Optional[LocalFabric] = None) -> list:

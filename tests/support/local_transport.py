@@ -73,10 +73,19 @@ class LocalFabric:
         self._recvs: dict[tuple[int, int, int], collections.deque] = collections.defaultdict(collections.deque)
         self.bytes_sent = [0] * size
         self.messages_sent = [0] * size
+        self._subs: dict[str, "LocalFabric"] = {}
 
     def transports(self) -> list["LocalTransport"]:
         """One transport per rank, all over this fabric."""
         return [LocalTransport(self, rank) for rank in range(self.size)]
+
+    def sub_fabric(self, key: str, size: int) -> "LocalFabric":
+        """The fabric of the sub-communicator ``key`` (made by its first member to ask)."""
+        with self._lock:
+            sub = self._subs.get(key)
+            if sub is None:
+                sub = self._subs[key] = LocalFabric(size)
+            return sub
 
     def pending(self) -> int:
         """How many posted operations are still unmatched (0 after a clean collective)."""
@@ -151,6 +160,16 @@ class LocalTransport(Transport):
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         self._check("irecv", tensor, peer, tag)
         return self.fabric._post("recv", tensor, (peer, self.rank, tag))
+
+    def split(self, ranks, key: str) -> Optional["LocalTransport"]:
+        """A sub-communicator over ``ranks`` (``Backend.split``'s contract); ``None`` on non-members."""
+        ranks = list(ranks)
+        if self.rank not in ranks:
+            return None
+        return LocalTransport(self.fabric.sub_fabric(key, len(ranks)), ranks.index(self.rank))
+
+    def close(self) -> None:
+        pass
 
 
 def run_ranks(

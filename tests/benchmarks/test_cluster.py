@@ -1,0 +1,97 @@
+"""``zerocomm-bench cluster``: the simulated cluster's pieces, and one end-to-end run of 2 hosts x 2 ranks.
+
+The end-to-end tests need root, ``ip``, ``tc`` and ``unshare`` (they skip naming what is missing);
+each is bounded in time and checks that no namespace of its run is left behind, after success
+and after SIGTERM in the middle of a run.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from zerocomm.benchmarks import cluster
+
+RUN_TIMEOUT_S = 300
+
+
+def test_rates_parse_and_buckets_hold_offloaded_packets():
+    assert cluster.parse_rate("1gbit") == 10**9
+    assert cluster.parse_rate("10Gbit") == 10**10
+    assert cluster.parse_rate("500mbit/s") == 5 * 10**8
+    with pytest.raises(ValueError, match="bits per second"):
+        cluster.parse_rate("fast")
+    assert cluster._burst_bytes(10**9) >= 64 << 10
+    assert cluster._burst_bytes(10**10) == 10**10 // 8 // 500
+
+
+def test_only_this_modules_names_count_as_stale():
+    assert cluster._STALE.match("zc123h0") and cluster._STALE.match("zc123br")
+    assert not cluster._STALE.match("zctest") and not cluster._STALE.match("other123h0")
+
+
+def test_table_states_the_link_load_and_ratio():
+    result = {"hosts": 2, "ranks_per_host": 2, "rate_bits": 10**9, "load_before": (1.0, 2.0, 3.0),
+              "load_after": (1.5, 2.0, 3.0), "hostnames": ["a", "a", "b", "b"],
+              "rows": [{"size": 1 << 20, "algorithm": "ring", "time_s": 0.02, "correct": True},
+                       {"size": 1 << 20, "algorithm": "hierarchical", "time_s": 0.01, "correct": True},
+                       {"size": 1 << 20, "algorithm": "onebit", "time_s": 0.04, "correct": None}]}
+    table = cluster.format_table(result)
+    assert "1 Gbit/s" in table and "1.00 2.00 3.00" in table
+    assert "2.00x" in table and "0.50x" in table and "hierarchical" in table
+
+
+def _ours(pid: int) -> list:
+    return [name for name in cluster._namespaces() if name.startswith(f"{cluster.PREFIX}{pid}")]
+
+
+def _needs_cluster():
+    why = cluster.unavailable()
+    if why is not None:
+        pytest.skip(f"no simulated cluster here: {why}")
+
+
+def test_two_hosts_two_ranks_end_to_end(tmp_path):
+    _needs_cluster()
+    out = tmp_path / "cluster.json"
+    proc = subprocess.Popen([sys.executable, "-m", cluster.MODULE, "--sizes", "256KiB", "--algorithms",
+                             "hierarchical,ring,native", "-n", "1", "-w", "0", "--timeout", "240",
+                             "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cluster.remove_stale()  # whatever happened, nothing of this run stays
+    assert proc.returncode == 0, output
+    result = json.loads(out.read_text())
+    hosts = result["hostnames"]
+    assert len(hosts) == 4 and hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
+    assert [row["algorithm"] for row in result["rows"]] == ["hierarchical", "ring", "native"]
+    assert all(row["correct"] is True for row in result["rows"]), result["rows"]
+    assert _ours(proc.pid) == []
+
+
+def test_sigterm_tears_the_cluster_down(tmp_path):
+    _needs_cluster()
+    proc = subprocess.Popen([sys.executable, "-m", cluster.MODULE, "--sizes", "16MiB", "--algorithms", "ring",
+                             "-n", "50", "--timeout", "240"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_ours(proc.pid)) < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert len(_ours(proc.pid)) == 3, "the cluster was not built within 60 s"
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        left = _ours(proc.pid)
+        cluster.remove_stale()
+    assert left == [], f"left behind after SIGTERM: {left}"
+    assert proc.returncode != 0
