@@ -266,7 +266,7 @@ def monitored_barrier(group: Optional[Group] = None, timeout=None, wait_all_rank
     missing rank, or every missing rank when ``wait_all_ranks``.
     """
     g = resolve_group(group, "monitored_barrier")
-    seconds = timeout_seconds(timeout) or g.timeout.total_seconds()
+    seconds = timeout_seconds(timeout, "monitored_barrier: timeout") or g.timeout.total_seconds()
     token = torch.zeros(1, dtype=torch.uint8)
     if g.size() == 1:
         return None

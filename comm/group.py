@@ -30,7 +30,8 @@ from .errors import CommError, CommTimeoutError, NotInitializedError, PeerError
 from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import Work
 
-DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+#: The deadline of a group created without one (``CommConfig.timeout_s``'s default; see docs/failures.md).
+DEFAULT_TIMEOUT = datetime.timedelta(seconds=CommConfig().timeout_s)
 
 #: Collective tags cycle through [USER_TAG_LIMIT, USER_TAG_LIMIT + _TAG_SPAN): far more
 #: than could ever be in flight at once, and below MPICH's 2**29 - 1 tag bound.
@@ -160,12 +161,13 @@ class Group:
     def execute(self, call, tag: int, observers: tuple = ()) -> None:
         """Run one checked call now: its waits end by its deadline; failures become typed errors."""
         seconds = self._timeout_s if call.timeout is None else call.timeout
-        deadline = time.monotonic() + seconds
+        start = time.monotonic()
+        deadline = start + seconds
         config = WORLD.config
         try:
-            if config.debug:
-                from .validate import cross_check
-                cross_check(call, tag, deadline)
+            if config.check or config.debug:
+                from .validate import cross_check  # validate imports this module: a late import
+                cross_check(call, tag, deadline, config.debug)
             if observers:
                 from .traffic import run_observed
                 run_observed(observers, call, tag, deadline, config.segment_bytes)
@@ -178,9 +180,11 @@ class Group:
             else:
                 self._call(call, tag, deadline, config.segment_bytes)
         except TimeoutError as error:
+            # The time stated is the time this call waited, measured, with the deadline beside it.
             raise self._failed(CommTimeoutError(
                 f"rank {self.my_global_rank}: {call.collective} on {self.describe()} timed out after "
-                f"{seconds * 1000:.0f} ms waiting for {self._in_rank_space(error)}")) from None
+                f"{(time.monotonic() - start) * 1000:.0f} ms (deadline {seconds * 1000:.0f} ms) waiting for "
+                f"{self._in_rank_space(error)}")) from None
         except PeerFailure as failure:
             raise self._failed(PeerError(
                 f"rank {self.my_global_rank}: {call.collective} on {self.describe()} failed: "
