@@ -495,7 +495,11 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
     if not full:
         digest = hash(mine) & _HASH_MASK
         both = torch.tensor([digest, -digest], dtype=torch.int64, device=group.device_type)
-        backend.NATIVE["all_reduce"](backend, both, "max", tag=0, deadline=deadline, segment_bytes=0)
+        try:
+            backend.NATIVE["all_reduce"](backend, both, "max", tag=0, deadline=deadline, segment_bytes=0)
+        except TimeoutError as error:
+            raise TimeoutError(f"every rank to reach the mismatch check of {_describe(mine)} ({error}); a rank "
+                               "that never arrives is alive but stuck, or called something else first") from None
         highest, negated_lowest = both.tolist()
         if highest == -negated_lowest:
             return
