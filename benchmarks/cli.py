@@ -32,6 +32,7 @@ COMMANDS = {
     "zero": "zero_cli",
     "trace": "trace_cli",
     "overhead": "overhead",
+    "soak": "soak",
 }
 DEFAULT_COMMAND = next(iter(COMMANDS))
 
