@@ -8,8 +8,8 @@ launcher without torch's ``RANK`` variable, else ``gloo``.
 Init has a deadline like every other blocking call (``timeout``, else ``ZEROCOMM_TIMEOUT``,
 else five minutes): a rank that never joins makes the others raise ``CommTimeoutError``
 naming the rendezvous; a store that cannot be reached raises ``PeerError``.  The TCP store
-rank 0 opens for ``env://`` and ``tcp://`` listens only on the address the other ranks are
-told to use (``MASTER_ADDR``), so a single-host run (``127.0.0.1``) is not reachable from
+rank 0 opens for ``env://`` and ``tcp://`` listens on loopback only when ``MASTER_ADDR`` is a
+loopback address (every rank on this machine), so a single-host run is not reachable from
 the network.  ``init_process_group("mpi")`` in a process that no MPI launcher started
 raises, unless ``world_size=1`` asks for a world of one.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import ipaddress
 import os
 import socket
 import sys
@@ -63,18 +64,22 @@ def _group_timeout(timeout, what: str) -> datetime.timedelta:
 
 
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta):
-    """torch's TCPStore; rank 0's server listens on ``host``'s address only (torch's would listen on all)."""
-    if rank != 0:
-        return td.TCPStore(host, port, world_size, False, timeout)
+    """torch's TCPStore.  When ``host`` is a loopback address (every rank on this machine), rank 0's server
+    listens on loopback only; torch's own would listen on every interface.  Any other ``host`` keeps torch's
+    behaviour: a host name may resolve differently here (``127.0.1.1`` in ``/etc/hosts``) than on the peers."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    if rank != 0 or not ipaddress.ip_address(address[0]).is_loopback:
+        return td.TCPStore(host, port, world_size, rank == 0, timeout)
     listener = socket.socket(family, kind, proto)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind(address)
         listener.listen(max(128, world_size))
-        return td.TCPStore(host, port, world_size, True, timeout, master_listen_fd=listener.fileno())
-    finally:
-        listener.close()  # the store's server holds its own duplicate of the socket
+    except BaseException:
+        listener.close()
+        raise
+    # The store's server takes the descriptor over: detach it, so that Python never closes it.
+    return td.TCPStore(host, port, world_size, True, timeout, master_listen_fd=listener.detach())
 
 
 def _rendezvous(init_method: str, rank: int, world_size: int, timeout: datetime.timedelta):
