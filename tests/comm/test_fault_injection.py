@@ -212,3 +212,23 @@ def test_mpi_outside_a_launcher_needs_world_size_one(monkeypatch):
     with pytest.raises(dist.InvalidArgumentError, match="no MPI launcher started"):
         dist.init_process_group("mpi")
     assert not dist.is_initialized()
+
+
+@pytest.mark.timeout(60)
+def test_a_single_host_store_listens_on_loopback_only(monkeypatch):
+    """env:// with MASTER_ADDR=127.0.0.1: rank 0's store is bound to 127.0.0.1, not to every interface."""
+    from zerocomm.benchmarks.launch import _free_port
+    port = _free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    dist.init_process_group("gloo", init_method="env://", rank=0, world_size=1, timeout=10)
+    try:
+        listening = set()
+        for line in open("/proc/net/tcp").read().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                listening.add(address)
+        assert listening == {"0100007F"}, listening  # 127.0.0.1, little-endian hex
+    finally:
+        dist.destroy_process_group()
