@@ -33,6 +33,7 @@ COMMANDS = {
     "trace": "trace_cli",
     "overhead": "overhead",
     "soak": "soak",
+    "check-cost": "check_cost",
 }
 DEFAULT_COMMAND = next(iter(COMMANDS))
 
