@@ -34,6 +34,7 @@ COMMANDS = {
     "overhead": "overhead",
     "soak": "soak",
     "check-cost": "check_cost",
+    "shm": "shm_bench",
 }
 DEFAULT_COMMAND = next(iter(COMMANDS))
 

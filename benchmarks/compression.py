@@ -15,8 +15,16 @@ with error feedback) of the same buffer:
   ranks.  zerocomm's ring and tree are counted message by message; a native collective's bytes are
   the optimal schedule's estimate (the "bytes" column says which).
 
-The default sweep is 1 MiB to 64 MiB (a x4 step); ``--large`` extends it to 256 MiB, which takes a
-few GB of memory per rank with the compressed path's temporaries.
+The default sweep is 1 MiB to 64 MiB (a x4 step); ``--large`` extends it to 256 MiB.  After the
+table a summary puts, per backend, world size and size, fp32 native, fp32 ring and 1-bit side by
+side; the machine's load (``uptime``) is printed before and after, since timings on a shared machine
+move by tens of percent.
+
+``--kernels`` instead times the local 1-bit kernels alone in this process (no communication), per
+size: the worker step (encode with error feedback), the server step and the final decode of the fused
+codec, beside the unfused per-tensor functions the schedule used before (``compensate_and_compress``
+and ``decompress``) and a plain ``copy_`` of the same buffer (what memory alone costs); GB/s are of
+float32 input.
 """
 from __future__ import annotations
 
@@ -24,6 +32,8 @@ import argparse
 import datetime
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: 1)")
     parser.add_argument("--timeout", type=float, default=600.0, help="process group timeout, s (default: 600)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--kernels", action="store_true",
+                        help="time the local 1-bit kernels alone (one process, no communication) instead")
 
 
 def _csv(text: str) -> list[str]:
@@ -174,6 +186,35 @@ def format_rows(rows: Sequence[Row]) -> str:
     return tabulate(table, headers=headers, disable_numparse=True, stralign="right")
 
 
+def summary_rows(rows: Sequence[Row]) -> str:
+    """Per (backend, n, size): fp32 native, fp32 ring and the 1-bit times side by side (ms)."""
+    from tabulate import tabulate
+
+    cells: dict = {}
+    for row in rows:
+        cells.setdefault((row.backend, row.world_size, row.size), {})[row.algorithm] = row
+    table = []
+    for (backend, n, size), by_algorithm in cells.items():
+        native, ring = by_algorithm.get("native"), by_algorithm.get("ring")
+        onebit = min(r.onebit_us for r in by_algorithm.values())
+        table.append([backend, n, format_size(size),
+                      f"{native.fp32_us / 1e3:.2f}" if native else "-", f"{ring.fp32_us / 1e3:.2f}" if ring else "-",
+                      f"{native.onebit_us / 1e3:.2f}" if native else "-", f"{ring.onebit_us / 1e3:.2f}" if ring else "-",
+                      f"{ring.fp32_us / onebit:.2f}" if ring else "-"])
+    headers = ["backend", "n", "size", "fp32 native ms", "fp32 ring ms", "1-bit/native ms", "1-bit/ring ms",
+               "fp32 ring / best 1-bit"]
+    return tabulate(table, headers=headers, disable_numparse=True, stralign="right")
+
+
+def load_line() -> str:
+    """The machine's load, as ``uptime`` prints it (or the load averages where it is missing)."""
+    if shutil.which("uptime"):
+        done = subprocess.run(["uptime"], capture_output=True, text=True, check=False)
+        if done.returncode == 0 and done.stdout.strip():
+            return f"# uptime: {done.stdout.strip()}"
+    return "# load average: " + " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def header_lines(args: argparse.Namespace) -> list[str]:
     return [
         "# zerocomm compression benchmark: all_reduce(AVG) in float32 vs compressed_all_reduce (1-bit signs + "
@@ -237,6 +278,11 @@ def run(args: argparse.Namespace) -> int:
         launched = launch.detect_launcher(os.environ)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.kernels:  # one process, no world
+        from .compression_kernels import run_kernels
+
+        print("\n".join([load_line(), run_kernels(sizes, args.iters, args.threads), load_line()]), flush=True)
+        return 0
     unknown = [b for b in backends if b not in ("gloo", "mpi", "nccl")]
     if unknown or not backends or any(n < 1 for n in world_sizes):
         raise UsageError(f"--backends {args.backends!r} must name gloo, mpi or nccl; --nprocs {args.nprocs!r} "
@@ -273,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     rows, status = [], 0
+    before = load_line()
     passthrough = [a for a in argv if a != "--large"] + (["--sizes", ",".join(map(str, sizes))])
     # the relaunched command must not repeat --backends/--nprocs lists: it runs one world
     passthrough = _drop_options(passthrough, ("--backends", "--nprocs", "--json"))
@@ -286,7 +333,8 @@ def run(args: argparse.Namespace) -> int:
                     status = 1
                     continue
                 rows.extend(_read_rows(path))
-    print("\n".join([*header_lines(args), format_rows(rows)]), flush=True)
+    print("\n".join([before, *header_lines(args), format_rows(rows), "", summary_rows(rows), load_line()]),
+          flush=True)
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"args": vars(args), "rows": [asdict(row) for row in rows]}, out, indent=1)

@@ -34,7 +34,7 @@ from typing import Dict, List
 
 #: An algorithm must take at most this fraction of native's time to be chosen over it.
 MARGIN = 0.9
-ALGORITHMS = ("native", "ring", "tree", "recursive_doubling")
+ALGORITHMS = ("native", "ring", "tree", "recursive_doubling", "shm")
 UNBOUNDED = 1 << 62
 DEFAULT_OUT = "auto_table.json"
 #: The table the installed package reads (``select.auto_table``); only ever read here.

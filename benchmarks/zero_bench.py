@@ -16,6 +16,9 @@ are warmed up first; glibc is told to return large freed blocks at once), the la
 ``model states MiB``: parameters + gradients + optimizer state this rank holds after a step
 (zerocomm: ``model_state_bytes()``; torch: local shards of parameters, ``param.grad`` and the
 optimizer's state; DDP's own bucket copies of the gradients are not included).
+``offload cpu`` / ``offload nvme``: stage 2 with the optimizer state in host memory (for these CPU ranks the
+same placement as without offload) or in files, stepped in pieces of ``--offload-buffer-numel`` elements with
+``--offload-buffer-count`` pieces in memory; ``last loss`` shows the runs train alike.
 ``sent/step MiB``: bytes one rank sends in one step — measured message by message for zerocomm's
 ring; for native gloo collectives zerocomm reports the optimal schedule's bytes, although gloo's
 reduce_scatter really runs a full all_reduce (so native stages 1-3 move more than shown); the
@@ -41,7 +44,8 @@ from .models import LMShape, TinyLM, batch_for, loss_fn
 VARIANTS = [("torch DDP", None), ("torch ZeroRedundancyOptimizer", None), ("torch FSDP2", None),
             ("zerocomm stage 0", "native"), ("zerocomm stage 1", "native"), ("zerocomm stage 2", "native"),
             ("zerocomm stage 1", "ring"), ("zerocomm stage 2", "ring"), ("zerocomm stage 3", "native"),
-            ("zerocomm stage 3", "ring")]
+            ("zerocomm stage 3", "ring"), ("zerocomm stage 2 offload cpu", "native"),
+            ("zerocomm stage 2 offload nvme", "native")]
 
 
 def _rss_bytes() -> int:
@@ -165,10 +169,15 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
             _warm_up()
             base = _reset_peak()
             model, phi = _model(args)
-            stage = int(name.rsplit(" ", 1)[1])
+            stage, offload = _stage_and_offload(name)
+            fields = {"offload_optimizer": offload}
+            if offload == "nvme":
+                fields.update(nvme_path=args.nvme_path or store_dir, offload_buffer_numel=args.offload_buffer_numel,
+                              offload_buffer_count=args.offload_buffer_count)
             model, optimizer = initialize(model, _adam, ZeroConfig(stage=stage, algorithm=algorithm,
                                                                    reduce_bucket_numel=args.bucket_numel,
-                                                                   allgather_bucket_numel=args.bucket_numel))
+                                                                   allgather_bucket_numel=args.bucket_numel,
+                                                                   precision=args.precision, **fields))
             data_model, synchronize, barrier = model, optimizer.synchronize, dist.barrier
         batches = [batch_for(data_model, seed=0, rank=rank, step=step, batch_size=args.batch)
                    for step in range(args.warmup + args.steps)]
@@ -195,7 +204,8 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
         stamps = [time.perf_counter()]
         for step in range(args.warmup, args.warmup + args.steps):
             x, y = batches[step]
-            loss_fn(data_model, model(x), y).backward()
+            loss = loss_fn(data_model, model(x), y)
+            loss.backward()
             optimizer.step()
             optimizer.zero_grad()
             if step == args.warmup + args.steps - 1:
@@ -207,7 +217,8 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
         if name.startswith("zerocomm"):
             states = sum(optimizer.model_state_bytes().values())
         peak = _peak_bytes() - base
-        conn.send(("ok", {"times": times, "peak": peak, "states": states, "sent": sent, "phi": phi}))
+        conn.send(("ok", {"times": times, "peak": peak, "states": states, "sent": sent, "phi": phi,
+                          "loss": float(loss.detach())}))
     except BaseException:  # reported by the parent
         conn.send(("err", traceback.format_exc()))
     finally:
@@ -231,8 +242,15 @@ def _trace_steps(args, rank, world, name, algorithm, data_model, model, optimize
         optimizer.synchronize()
     if rank == 0:
         os.makedirs(args.trace, exist_ok=True)
-        stage = name.rsplit(" ", 1)[1]
-        prof.export_chrome_trace(os.path.join(args.trace, f"zero_trace_stage{stage}_{algorithm}_n{world}.json"))
+        stage, offload = _stage_and_offload(name)
+        suffix = "" if offload == "none" else f"_offload_{offload}"
+        prof.export_chrome_trace(os.path.join(args.trace, f"zero_trace_stage{stage}{suffix}_{algorithm}_n{world}.json"))
+
+
+def _stage_and_offload(name: str) -> tuple:
+    """("zerocomm stage 2 offload nvme") -> (2, "nvme"); no offload word -> "none"."""
+    words = name.split()
+    return int(words[2]), (words[4] if len(words) > 4 else "none")
 
 
 def run_variant(world: int, name: str, algorithm, args) -> list:
@@ -270,7 +288,7 @@ def summarize(world: int, name: str, algorithm, reports: list) -> list:
     mib = 1 << 20
     return [world, name, algorithm or "-", f"{statistics.median(slowest) * 1e3:.0f}",
             f"{max(r['peak'] for r in reports) / mib:.1f}", f"{max(r['states'] for r in reports) / mib:.1f}",
-            f"{max(r['sent'] for r in reports) / mib:.1f}"]
+            f"{max(r['sent'] for r in reports) / mib:.1f}", f"{reports[0]['loss']:.6f}"]
 
 
 def main(argv=None) -> int:
@@ -288,6 +306,13 @@ def main(argv=None) -> int:
                         help="run only the variants whose 'name algorithm' contains one of these words")
     parser.add_argument("--plot", metavar="PNG", help="bar charts of step time and per-rank peak memory")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                        help="zerocomm variants' precision (the torch variants run fp32)")
+    parser.add_argument("--nvme-path", default=None, help="folder for the NVMe-offload variant's state files "
+                        "(default: a temporary folder)")
+    parser.add_argument("--offload-buffer-numel", type=int, default=1 << 18,
+                        help="NVMe offload: elements stepped at once (the pieces read and written)")
+    parser.add_argument("--offload-buffer-count", type=int, default=3, help="NVMe offload: pieces in memory at once")
     parser.add_argument("--trace", metavar="DIR", help="after the measured steps, profile two more steps of every "
                         "zerocomm variant and write rank 0's Chrome trace into DIR")
     args = parser.parse_args(argv)
@@ -319,12 +344,13 @@ def main(argv=None) -> int:
     phi = reports[0]["phi"]
     from tabulate import tabulate
 
-    print(f"TinyLM {shape}: Φ = {phi:,} parameters, fp32, Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
+    print(f"TinyLM {shape}: Φ = {phi:,} parameters, {args.precision} (zerocomm), Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
           f"gloo, {os.cpu_count()} cores")
     ddp = {row[0]: float(row[3]) for row in rows if row[1] == "torch DDP"}
     for row in rows:  # step time over torch DDP's at the same world size, when DDP ran
         row.insert(4, f"{float(row[3]) / ddp[row[0]]:.2f}" if row[0] in ddp else "-")
-    headers = ["N", "variant", "algorithm", "step ms", "× DDP", "peak MiB", "model states MiB", "sent/step MiB"]
+    headers = ["N", "variant", "algorithm", "step ms", "× DDP", "peak MiB", "model states MiB", "sent/step MiB",
+               "last loss (rank 0)"]
     print(tabulate(rows, headers=headers, tablefmt="github"))
     if args.json:
         import json

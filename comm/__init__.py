@@ -17,9 +17,11 @@ from .process_group import (GroupMember, configure, destroy_process_group, get_b
                             get_global_rank, get_group_rank, get_rank, get_world_size, group, init_process_group,
                             is_available, is_initialized, new_group, set_default_algorithm, which_algorithm)
 from .reduce_op import ReduceOp
+from .shm import shared_empty
 from .work import Work
 from . import compat as _compat
 from .compat import *  # noqa: F401,F403  (the rest of torch.distributed's names; see compat.__all__)
+from .compat import _rank_not_in_group  # noqa: F401  (private in torch too, but code written against torch uses it)
 from . import c10d
 
 c10d.register()  # torch code may now say init_process_group(backend="zerocomm")
@@ -36,7 +38,7 @@ __all__ = [
     "batch_isend_irecv", "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
     "ReduceOp", "group", "GroupMember", "Work", "ProcessGroup",
     # zerocomm's additions
-    "Group", "Profiler", "profile", "compressed_all_reduce", "count_bytes", "set_default_algorithm", "get_default_algorithm", "configure", "which_algorithm",
+    "Group", "Profiler", "profile", "shared_empty", "compressed_all_reduce", "count_bytes", "set_default_algorithm", "get_default_algorithm", "configure", "which_algorithm",
     "CommError", "CommTimeoutError", "CollectiveMismatchError", "UnsupportedError", "NotInitializedError",
     "InvalidArgumentError", "PeerError", "c10d",
 ] + _compat.__all__

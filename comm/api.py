@@ -19,11 +19,14 @@ from typing import List, Optional
 
 import torch
 
-from . import validate
+from . import torch_events, validate
 from .group import WORLD
 from .reduce_op import ReduceOp
 from .traffic import TrafficCounter, observing
 from .validate import resolve_group  # noqa: F401  (p2p and objects resolve groups the same way)
+
+#: True while torch's profiler records on this thread: the call then records torch's event (torch_events.py).
+_profiling = torch.autograd._profiler_enabled
 
 
 def count_bytes():
@@ -43,6 +46,8 @@ def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group=None, async
               group_src: Optional[int] = None, *, algorithm: Optional[str] = None):
     """Copy ``src``'s ``tensor`` into ``tensor`` on every rank of ``group``. Every member calls it."""
     call = validate.broadcast(tensor, src, group, async_op, group_src, algorithm)
+    if _profiling():
+        return torch_events.run(call, "broadcast", (tensor,))
     return call.group.run(call)
 
 
@@ -55,6 +60,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, a
     ``algorithm`` then names the algorithm of its two sub-collectives ("native", "ring" or "tree").
     """
     call = validate.all_reduce(tensor, op, group, async_op, algorithm, compression, compression_state)
+    if _profiling():
+        return torch_events.run(call, "all_reduce", (tensor,))
     return call.group.run(call)
 
 
@@ -62,6 +69,8 @@ def reduce(tensor: torch.Tensor, dst: Optional[int] = None, op=ReduceOp.SUM, gro
            group_dst: Optional[int] = None, *, algorithm: Optional[str] = None):
     """Reduce ``tensor`` across ``group`` into ``dst``'s ``tensor``; other ranks' tensors are left unchanged."""
     call = validate.reduce(tensor, dst, op, group, async_op, group_dst, algorithm)
+    if _profiling():
+        return torch_events.run(call, "reduce", (tensor,))
     return call.group.run(call)
 
 
@@ -73,12 +82,16 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     ``input_tensor`` may be this rank's chunk of it (in place).
     """
     call = validate.all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorithm)
+    if _profiling():
+        return torch_events.run(call, "all_gather_into_tensor", (input_tensor,))
     return call.group.run(call)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm: Optional[str] = None):
     """``tensor_list[r]`` ← rank r's ``tensor``, on every rank. Every member calls it."""
     call = validate.all_gather(tensor_list, tensor, group, async_op, algorithm)
+    if _profiling():
+        return torch_events.run(call, "all_gather", (tensor,))
     return call.group.run(call)
 
 
@@ -86,6 +99,8 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
            group=None, async_op: bool = False, group_dst: Optional[int] = None, *, algorithm: Optional[str] = None):
     """``gather_list[r]`` on ``dst`` ← rank r's ``tensor``; ``gather_list`` is given on ``dst`` only."""
     call = validate.gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm)
+    if _profiling():
+        return torch_events.run(call, "gather", (tensor,))
     return call.group.run(call)
 
 
@@ -93,6 +108,8 @@ def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = N
             group=None, async_op: bool = False, group_src: Optional[int] = None, *, algorithm: Optional[str] = None):
     """Rank r's ``tensor`` ← ``scatter_list[r]`` on ``src``; ``scatter_list`` is given on ``src`` only."""
     call = validate.scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm)
+    if _profiling():
+        return torch_events.run(call, "scatter", scatter_list or ())
     return call.group.run(call)
 
 
@@ -100,6 +117,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
                           algorithm: Optional[str] = None):
     """``output`` on rank r ← chunk r of the ``op``-reduction of every rank's ``input`` (``n * output.numel()`` elements)."""
     call = validate.reduce_scatter_tensor(output, input, op, group, async_op, algorithm)
+    if _profiling():
+        return torch_events.run(call, "reduce_scatter_tensor", (input,))
     return call.group.run(call)
 
 
@@ -107,6 +126,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
                    algorithm: Optional[str] = None):
     """``output`` on rank r ← the ``op``-reduction over ranks of their ``input_list[r]``."""
     call = validate.reduce_scatter(output, input_list, op, group, async_op, algorithm)
+    if _profiling():
+        return torch_events.run(call, "reduce_scatter", input_list)
     return call.group.run(call)
 
 
@@ -118,6 +139,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     """
     call = validate.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op,
                                       algorithm)
+    if _profiling():
+        return torch_events.run(call, "all_to_all", (input,))
     return call.group.run(call)
 
 
@@ -125,12 +148,16 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
                algorithm: Optional[str] = None):
     """``output_tensor_list[j]`` on rank r ← ``input_tensor_list[r]`` of rank j (sizes may differ per pair)."""
     call = validate.all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm)
+    if _profiling():
+        return torch_events.run(call, "all_to_all", input_tensor_list)
     return call.group.run(call)
 
 
 def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None, *, algorithm: Optional[str] = None):
     """Return once every member of ``group`` has entered the barrier; ``timeout`` overrides the group's."""
     call = validate.barrier(group, async_op, timeout, algorithm)
+    if _profiling():
+        return torch_events.run(call, "barrier", ())
     return call.group.run(call)
 
 

@@ -101,6 +101,18 @@ def create(dist_backend_opts, pg_options) -> "ZerocommProcessGroup":
     return ZerocommProcessGroup(group, options.algorithm, str(dist_backend_opts.group_id))
 
 
+def as_process_group(group=None) -> "ZerocommProcessGroup":
+    """A torch c10d ``ProcessGroup`` over an existing zerocomm ``group`` (the default one if None): the same
+    members, communicator and order of calls, no new connection.  Hand it to torch's
+    ``DistributedDataParallel(process_group=...)`` or a DDP communication hook.  torch's registry does not
+    know it, so torch functions that look a group up there (``torch.distributed.get_rank(pg)``, ``DeviceMesh``,
+    FSDP2, ``ZeroRedundancyOptimizer``) need a group made by ``init_process_group("zerocomm")`` or
+    ``new_group(backend="zerocomm")`` instead."""
+    from .validate import resolve_group
+    g = resolve_group(group, "as_process_group")
+    return ZerocommProcessGroup(g, None, g.name)
+
+
 def register() -> None:
     """Register ``"zerocomm"`` with torch (for CPU tensors); done on ``import zerocomm.comm``, idempotent."""
     if BACKEND_NAME.upper() not in td.Backend._plugins:

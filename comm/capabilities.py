@@ -145,6 +145,9 @@ implementation (or zerocomm's composition where the backend lacks one, as the na
 `ring`, `tree` and `recursive_doubling` are zerocomm's, written once over the backend's point-to-point layer;
 `onebit` is `all_reduce(..., op=ReduceOp.AVG, compression="onebit")`, the 1-bit compressed mean with error
 feedback (its sub-collectives run natively or on ring/tree): it serves AVG on floating dtypes only.
+`shm` moves bytes through shared memory and needs every rank of the group on one host (`ZEROCOMM_HOST` or
+the hostname): its cells say **yes/all** for such groups; a group spanning hosts gets `UnsupportedError` naming
+`hierarchical` or `ring`, and `auto` offers `shm` only to groups known to share a host.
 
 ## What zerocomm adds to torch.distributed
 
@@ -153,8 +156,9 @@ feedback (its sub-collectives run natively or on ring/tree): it serves AVG on fl
 | MPI backend | not in torch's wheels (`is_mpi_available()` is False); needs a source build | `mpi` through mpi4py, every collective, bfloat16 via a zerocomm reduction op |
 | gloo `reduce_scatter` (CPU) | all_reduce of the whole input + copy (twice the traffic) | same as `native`; `ring` gives a true reduce-scatter ((n-1)/n of the input on the wire) |
 | gloo `ReduceOp.AVG` | not on integer dtypes; float support depends on version | floats on every backend and algorithm; integers refused with a clear error |
+| ranks on one host (CPU) | gloo moves loopback TCP, MPI its own shared memory | `shm`: a reduction reads peers' buffers in place in shared memory; `shared_empty` tensors skip even the copy in |
 | bitwise ops on NCCL | `BAND`/`BOR`/`BXOR` unsupported | `algorithm="ring"` or `"tree"` serves them on CUDA |
-| choice of algorithm | fixed per backend | `native`, `ring`, `tree`, `recursive_doubling`, `auto` on every backend |
+| choice of algorithm | fixed per backend | `native`, `ring`, `tree`, `recursive_doubling`, `shm`, `auto` on every backend |
 | errors | backend-specific; gloo aborts a rank on a shape mismatch | typed errors before any byte moves; debug mode names mismatched ranks |
 """
 

@@ -32,14 +32,17 @@ from torch.distributed import (  # noqa: F401  (re-exported unchanged: none hold
     Store, TCPStore, get_debug_level, get_default_backend_for_device, is_torchelastic_launched,
     register_rendezvous_handler, rendezvous, set_debug_level, set_debug_level_from_env, supports_complex)
 from torch.distributed import GroupName, RankType, default_pg_timeout  # noqa: F401
+# The types a DDP communication hook is written against (DDP itself runs on init_process_group("zerocomm")).
+from torch.distributed import BuiltinCommHookType, GradBucket  # noqa: F401
 
-from . import api, p2p
-from .errors import CommTimeoutError, InvalidArgumentError
+from . import p2p, torch_events, validate
+from .api import _profiling
+from .errors import CommError, CommTimeoutError, InvalidArgumentError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .process_group import new_group
 from .reduce_op import ReduceOp
 from .validate import resolve_group
-from .work import Work, timeout_seconds
+from .work import Work
 
 #: The user tag ``monitored_barrier`` uses (the top of the user's tag range; see ``p2p``).
 _MONITOR_TAG = p2p.USER_TAG_LIMIT - 1
@@ -111,6 +114,11 @@ def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
     raise RuntimeError("LOCAL_RANK is not in the environment. Consider passing fallback_rank to allow "
                        "`get_node_local_rank` to work, assuming you are not running in a multi-device context "
                        "and want the code to run locally instead.")
+
+
+def _rank_not_in_group(group) -> bool:
+    """torch's private test helper, used by code written against torch: True for ``NON_GROUP_MEMBER``."""
+    return group is NON_GROUP_MEMBER
 
 
 # -- subgroups ---------------------------------------------------------------------------------------
@@ -187,6 +195,14 @@ def _then(works: List[Work], finish, description: str, outputs) -> Work:
     return Work(description, future, outputs)
 
 
+def _issue(calls, title: str, inputs) -> List[Work]:
+    """Run checked async ``calls`` of one group in order; under torch's profiler as one event, as torch's
+    gloo records a coalesced call (see torch_events.py)."""
+    if _profiling():
+        return torch_events.run_all(calls, title, inputs)
+    return [call.group.run(call) for call in calls]
+
+
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """All-reduce every tensor of ``tensors`` in place: one flat all_reduce per dtype among them."""
     if isinstance(tensors, torch.Tensor):
@@ -207,7 +223,8 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = 
                 t.copy_(flat[offset:offset + t.numel()].view(t.shape))
                 offset += t.numel()
 
-    works = [api.all_reduce(flat, op, g, async_op=True) for flat, _ in flats]
+    calls = [validate.all_reduce(flat, op, g, True, None, None, None) for flat, _ in flats]
+    works = _issue(calls, "all_reduce", tensors)
     if async_op:
         return _then(works, finish, "all_reduce_coalesced", list(tensors))
     for work in works:
@@ -248,7 +265,8 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
                 out.copy_(gathered[offset:offset + t.numel()].view(out.shape))
                 offset += t.numel()
 
-    work = api.all_gather_into_tensor(gathered, flat, g, async_op=True)
+    work, = _issue([validate.all_gather_into_tensor(gathered, flat, g, True, None)], "all_gather",
+                   input_tensor_list)
     if async_op:
         return _then([work], finish, collective, [t for ts in output_tensor_lists for t in ts])
     work.wait()
@@ -266,13 +284,26 @@ def monitored_barrier(group: Optional[Group] = None, timeout=None, wait_all_rank
     missing rank, or every missing rank when ``wait_all_ranks``.
     """
     g = resolve_group(group, "monitored_barrier")
-    seconds = timeout_seconds(timeout, "monitored_barrier: timeout") or g.timeout.total_seconds()
+    # None: the group's timeout; zero (or less) is a real, already spent, limit (as torch's gloo).
+    seconds = g.timeout.total_seconds() if timeout is None else max(
+        timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout), 0.0)
     token = torch.zeros(1, dtype=torch.uint8)
     if g.size() == 1:
         return None
+    if g.rank == 0 and seconds == 0:
+        raise CommTimeoutError(f"rank {g.my_global_rank}: monitored_barrier on {g.describe()}: Rank "
+                               f"{g.my_global_rank} timed out in monitoredBarrier after 0 ms")
     if g.rank != 0:
-        p2p.send(token, group=g, group_dst=0, tag=_MONITOR_TAG)
-        p2p.recv(token, group=g, group_src=0, tag=_MONITOR_TAG)
+        # The release is awaited within the same timeout as rank 0's wait (as torch's gloo does): a rank 0 that
+        # failed, or that found a missing rank, sends none.
+        try:
+            p2p.send(token, group=g, group_dst=0, tag=_MONITOR_TAG)
+            p2p.irecv(token, group=g, group_src=0, tag=_MONITOR_TAG).wait(timedelta(seconds=max(seconds, 1e-3)))
+        except CommError as error:
+            raise type(error)(f"rank {g.my_global_rank}: monitored_barrier on {g.describe()}: Rank {g.my_global_rank} "
+                              f"successfully reached monitoredBarrier, but received errors while waiting for "
+                              f"send/recv from rank {g.ranks[0]}. Please check rank {g.ranks[0]} logs for faulty "
+                              f"rank ({error})") from None
         return None
     deadline = time.monotonic() + seconds
     pending = {r: p2p.irecv(torch.zeros(1, dtype=torch.uint8), group=g, group_src=r, tag=_MONITOR_TAG)
@@ -333,6 +364,7 @@ __all__ = [
     "ReduceScatterOptions", "ScatterOptions", "Store", "TCPStore", "get_debug_level", "get_default_backend_for_device",
     "is_torchelastic_launched", "register_rendezvous_handler", "rendezvous", "set_debug_level",
     "set_debug_level_from_env", "supports_complex", "GroupName", "RankType", "default_pg_timeout", "timedelta",
+    "BuiltinCommHookType", "GradBucket",
     "is_gloo_available", "is_mpi_available", "is_nccl_available", "is_ucc_available", "is_xccl_available",
     "is_backend_available", "get_process_group_ranks", "get_pg_count", "get_backend_config", "get_node_local_rank",
     "new_subgroups", "new_subgroups_by_enumeration", "all_reduce_coalesced", "all_gather_coalesced",

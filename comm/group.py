@@ -27,6 +27,7 @@ import torch
 
 from .config import CommConfig
 from .errors import CommError, CommTimeoutError, NotInitializedError, PeerError
+from .group_methods import ProcessGroupMethods
 from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import Work
 
@@ -40,7 +41,7 @@ _TAG_SPAN = (1 << 28) - USER_TAG_LIMIT
 _profiler_enabled = torch.autograd._profiler_enabled
 
 
-class Group:
+class Group(ProcessGroupMethods):
     """A set of processes that run collectives together.
 
     Attributes:
@@ -183,8 +184,8 @@ class Group:
             # The time stated is the time this call waited, measured, with the deadline beside it.
             raise self._failed(CommTimeoutError(
                 f"rank {self.my_global_rank}: {call.collective} on {self.describe()} timed out after "
-                f"{(time.monotonic() - start) * 1000:.0f} ms (deadline {seconds * 1000:.0f} ms) waiting for "
-                f"{self._in_rank_space(error)}")) from None
+                f"{(time.monotonic() - start) * 1000:.0f} ms (deadline {seconds * 1000:.0f} ms: the timeout given to "
+                f"init_process_group or new_group, or to this call) waiting for {self._in_rank_space(error)}")) from None
         except PeerFailure as failure:
             raise self._failed(PeerError(
                 f"rank {self.my_global_rank}: {call.collective} on {self.describe()} failed: "

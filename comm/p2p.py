@@ -100,7 +100,7 @@ def isend(tensor: torch.Tensor, dst: Optional[int] = None, group=None, tag: int 
     """Start sending ``tensor`` to ``dst``; the returned ``Work`` completes when the buffer may be reused."""
     g = resolve_group(group, "isend")
     peer = _peer(g, dst, group_dst, "dst", "isend")
-    request = g.communicator.user_isend(_check(tensor, tag, "isend", g).view(-1), peer, int(tag))
+    request = g.communicator.user_isend(_check(tensor, tag, "isend", g), peer, int(tag))
     return _RequestWork(f"isend to rank {g.ranks[peer]} (tag {tag})", request, g, [tensor])
 
 
@@ -113,11 +113,11 @@ def irecv(tensor: torch.Tensor, src: Optional[int] = None, group=None, tag: int 
         if not g.communicator.ANY_SOURCE:
             raise UnsupportedError(f"rank {g.my_global_rank}: irecv: backend {g.backend!r} cannot receive from any "
                                    "source; pass src")
-        request = g.communicator.irecv_any(moved.view(-1), int(tag))
+        request = g.communicator.irecv_any(moved, int(tag))
         return _RequestWork(f"irecv from any rank (tag {tag})", request, g, [tensor],
                             source=lambda: g.ranks[request.source()])
     peer = _peer(g, src, group_src, "src", "irecv")
-    request = g.communicator.user_irecv(moved.view(-1), peer, int(tag))
+    request = g.communicator.user_irecv(moved, peer, int(tag))
     return _RequestWork(f"irecv from rank {g.ranks[peer]} (tag {tag})", request, g, [tensor],
                         source=lambda: g.ranks[peer])
 

@@ -32,6 +32,7 @@ from .backends import BACKENDS, backend_class
 from .config import CommConfig
 from .errors import CommError, CommTimeoutError, InvalidArgumentError, PeerError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
+from .transport import USER_TAG_LIMIT
 
 #: Variables an MPI launcher sets in every rank (MPICH/hydra, PMIx, Open MPI, Intel MPI).
 _MPI_LAUNCH_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID", "PMI_FD", "PMI_PORT")
@@ -178,6 +179,16 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     WORLD.config = config
     if config.switch_interval_s > 0:
         sys.setswitchinterval(config.switch_interval_s)
+    if communicator.device_type == "cpu" and communicator.size > 1:
+        # Which host each rank is on, learnt once (selection offers "shm" only where all ranks share one);
+        # the tag is below every collective's, and nothing else is in flight yet.
+        from . import topology
+        from .transport import PeerFailure
+        try:
+            topology.hosts(communicator, tag=USER_TAG_LIMIT, deadline=start + timeout.total_seconds())
+        except (TimeoutError, PeerFailure) as error:  # a rank that left between connecting and this exchange
+            communicator.close()
+            raise _init_failure(error, backend, communicator.rank, timeout, time.monotonic() - start) from None
     WORLD.default = Group(list(range(communicator.size)), communicator.rank, communicator, timeout, backend, "world")
     WORLD.groups["world"] = WORLD.default
     if WORLD.config.profile_path:
@@ -243,6 +254,8 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     communicator = world.communicator.split(members, name)
     if communicator is None:
         return NON_GROUP_MEMBER
+    from . import topology
+    topology.inherit(communicator, world.communicator, members)
     group = Group(members, members.index(world.my_global_rank), communicator, timeout, world.backend, name)
     WORLD.groups[name] = group
     return group
@@ -256,6 +269,9 @@ def _group_or_world(group, what: str) -> Optional[Group]:
         return None
     if isinstance(group, Group):
         return group
+    inner = getattr(group, "zerocomm_group", None)  # a torch group made by init_process_group("zerocomm")
+    if isinstance(inner, Group):
+        return inner
     raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
 
 

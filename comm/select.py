@@ -46,8 +46,12 @@ def auto_table() -> dict:
         return {}
 
 
-def refusal(collective: str, backend, dtype: torch.dtype, op: Optional[str], algorithm: str) -> Optional[str]:
-    """``None`` if ``algorithm`` can serve the cell on ``backend`` (a backend class), else the reason it cannot."""
+def refusal(collective: str, backend, dtype: torch.dtype, op: Optional[str], algorithm: str,
+            one_host: Optional[bool] = True) -> Optional[str]:
+    """``None`` if ``algorithm`` can serve the cell on ``backend`` (a backend class), else the reason it cannot.
+
+    ``one_host``: whether the group's ranks share one host (``None``: not known yet); only "shm" asks.
+    """
     if op is not None:
         reason = op_admits(op, dtype)
         if reason is not None:
@@ -58,7 +62,17 @@ def refusal(collective: str, backend, dtype: torch.dtype, op: Optional[str], alg
         return backend.native_support(collective, dtype, op)
     if (collective, algorithm) not in ALGORITHMS:
         return f"zerocomm has no {algorithm} {collective}"
+    if algorithm == "shm":
+        return _shm_refusal(backend, one_host)
     return backend.can_move(dtype)
+
+
+def _shm_refusal(backend, one_host: Optional[bool]) -> Optional[str]:
+    if backend.device_type != "cpu":
+        return f"shm moves host memory and backend {backend.name} moves {backend.device_type} tensors"
+    if one_host is False:
+        return "the group's ranks run on several hosts and shm needs them all on one"
+    return None
 
 
 def _onebit_refusal(collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:
@@ -86,16 +100,24 @@ class Rule(NamedTuple):
 
 
 @functools.lru_cache(maxsize=4096)
-def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[str], choice: str) -> Rule:
-    """The cached selection rule of one cell (``backend`` is the backend class, ``size`` the group's)."""
+def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[str], choice: str,
+         one_host: Optional[bool] = None) -> Rule:
+    """The cached selection rule of one cell (``backend`` is the backend class, ``size`` the group's,
+    ``one_host`` whether its ranks share a host, ``None`` if not known: "auto" then never picks "shm")."""
     if choice != "auto":
-        return Rule(choice, None, refusal(collective, backend, dtype, op, choice))
+        return Rule(choice, None, refusal(collective, backend, dtype, op, choice, one_host))
+
+    def serves(algorithm: str) -> bool:
+        if algorithm == "shm" and one_host is not True:
+            return False
+        return refusal(collective, backend, dtype, op, algorithm, one_host) is None
+
     rows = []
     for max_world, max_bytes, algorithm in auto_table().get(backend.name, {}).get(collective, []):
-        if size <= max_world and refusal(collective, backend, dtype, op, algorithm) is None:
+        if size <= max_world and serves(algorithm):
             rows.append((max_bytes, algorithm))
     # Past the table (or without one): the first exact algorithm that serves the cell.
-    fallback = next((a for a in _EXACT if refusal(collective, backend, dtype, op, a) is None), None)
+    fallback = next((a for a in _EXACT if serves(a)), None)
     if fallback is None:
         return Rule("native", None, refusal(collective, backend, dtype, op, "native"))
     rows.append((UNBOUNDED, fallback))

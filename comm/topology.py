@@ -53,7 +53,26 @@ def hosts(t: Transport, *, tag: int, deadline: Optional[float], name: Optional[s
     names = tuple(bytes(every[r * _NAME_BYTES:(r + 1) * _NAME_BYTES].tolist()).rstrip(b"\0").decode(errors="replace")
                   for r in range(t.size))
     t._zerocomm_hosts = names
+    t._zerocomm_one_host = len(set(names)) == 1
     return names
+
+
+def one_host(t: Transport) -> Optional[bool]:
+    """Whether every rank of ``t`` is on one host: ``None`` until :func:`hosts` (or :func:`inherit`) learnt it.
+
+    Costs an attribute lookup (selection asks it on every call).
+    """
+    return getattr(t, "_zerocomm_one_host", None)
+
+
+def inherit(sub: Transport, parent: Transport, members) -> None:
+    """Give ``sub`` (a communicator over ``members``, ranks of ``parent``) its hosts from ``parent``'s, if known:
+    a sub-communicator learns its topology without moving a byte."""
+    known = getattr(parent, "_zerocomm_hosts", None)
+    if known is not None:
+        names = tuple(known[m] for m in members)
+        sub._zerocomm_hosts = names
+        sub._zerocomm_one_host = len(set(names)) == 1
 
 
 def local_ranks(t: Transport, *, tag: int, deadline: Optional[float]) -> tuple[int, ...]:

@@ -22,11 +22,13 @@ import torch
 import torch.distributed as _td
 
 from . import select
-from .algorithms import ALGORITHM_CHOICES, ALGORITHM_NAMES, ALGORITHMS, COLLECTIVES
+from .algorithms import ALGORITHM_CHOICES, ALGORITHM_NAMES, ALGORITHMS, COLLECTIVES, COMPRESSED
+from .algorithms.compressed import SUB_COLLECTIVES, sub_algorithm
 from .errors import CollectiveMismatchError, InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .transport import USER_TAG_LIMIT
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
+from .sparse import all_reduce_sparse
 
 _DTYPES = frozenset(SUPPORTED_DTYPES)
 _OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -78,6 +80,9 @@ def resolve_group(group, what: str) -> Group:
         world = WORLD.require(what)
         raise InvalidArgumentError(f"rank {world.my_global_rank}: {what}: this process is not a member of the "
                                    "group it passed (new_group returned NON_GROUP_MEMBER here)")
+    inner = getattr(group, "zerocomm_group", None)  # a torch group made by init_process_group("zerocomm")
+    if isinstance(inner, Group):
+        return resolve_group(inner, what)
     raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
 
 
@@ -161,7 +166,7 @@ def _real(tensor, collective: str, group: Group, op=None):
     """A complex tensor as its real view (``torch.view_as_real``: shape ``(..., 2)``, the same storage), as
     torch moves it; every other tensor unchanged.  A reduction that does not admit complex numbers
     (``torch.distributed.supports_complex``: MIN, MAX, PRODUCT, bitwise) raises torch's error; a sparse
-    tensor raises ``UnsupportedError``."""
+    tensor raises ``UnsupportedError`` (all_reduce's SUM of a sparse tensor is served before, by ``sparse.py``)."""
     if not isinstance(tensor, torch.Tensor):
         return tensor
     if tensor.layout is not torch.strided:
@@ -204,7 +209,9 @@ def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Opti
     if choice not in ALGORITHM_CHOICES:
         raise InvalidArgumentError(f"rank {group.my_global_rank}: {what}: algorithm must be one of "
                                    f"{ALGORITHM_CHOICES}, got {choice!r}")
-    rule = select.rule(group.backend_type, group.size(), collective, dtype, op, choice)
+    # topology.one_host(communicator), read in place: one attribute, no further file on the call path.
+    one_host = getattr(group.communicator, "_zerocomm_one_host", None)
+    rule = select.rule(group.backend_type, group.size(), collective, dtype, op, choice, one_host)
     if rule.rows is None:
         if rule.refusal is not None:
             select.raise_unsupported(collective, group, dtype, op, choice, rule.refusal)
@@ -251,6 +258,8 @@ def broadcast(tensor, src, group, async_op, group_src, algorithm) -> Call:
 
 def all_reduce(tensor, op, group, async_op, algorithm, compression, state) -> Call:
     g = resolve_group(group, "all_reduce")
+    if isinstance(tensor, torch.Tensor) and tensor.is_sparse:
+        return _sparse_all_reduce(tensor, op, g, async_op)
     tensor = _real(tensor, "all_reduce", g, op)
     check_tensor(tensor, "tensor", "all_reduce", g)
     name = _op(op, tensor.dtype, "all_reduce", g)
@@ -260,6 +269,19 @@ def all_reduce(tensor, op, group, async_op, algorithm, compression, state) -> Ca
         return Call("all_reduce", g, (_flat(tensor), name), name, -1, algo, fn, None, async_op, None, (tensor,), (),
                     nbytes, tensor.numel(), tensor.dtype)
     return _onebit(tensor, name, g, async_op, algorithm, compression, state, nbytes)
+
+
+def _sparse_all_reduce(tensor, op, g: Group, async_op) -> Call:
+    """A sparse COO tensor's SUM (see ``sparse.py``); other ops raise, as in torch's gloo."""
+    if op != _SUM:
+        raise UnsupportedError(f"rank {g.my_global_rank}: all_reduce: sparse tensors support ReduceOp.SUM only, got "
+                               f"{op}; reduce .to_dense() for other ops")
+    if tensor.device.type != "cpu":
+        raise UnsupportedError(f"rank {g.my_global_rank}: all_reduce: sparse tensors are reduced on the CPU only, got "
+                               f"one on {tensor.device}")
+    # Named "ring" (its three all_gathers are rings), so that debug mode's fingerprint knows it.
+    return Call("all_reduce", g, (tensor,), "sum", -1, "ring", all_reduce_sparse, None, async_op, None, (tensor,), (),
+                tensor._nnz() * tensor.element_size(), tensor.numel(), tensor.dtype)
 
 
 def _onebit(tensor, op: str, g: Group, async_op, algorithm, compression, state, nbytes: int) -> Call:
@@ -277,11 +299,12 @@ def _onebit(tensor, op: str, g: Group, async_op, algorithm, compression, state, 
                                    f"zerocomm.ops.ErrorFeedback (one per tensor), got {type(state).__name__}")
     inner = WORLD.config.algorithm if algorithm is None else algorithm
     inner = "native" if inner == "auto" else inner
-    if inner not in ("native", "ring", "tree"):
+    if inner not in ALGORITHM_NAMES or inner in COMPRESSED:
         raise UnsupportedError(f"rank {rank}: all_reduce with compression='onebit' on backend {g.backend!r} cannot "
-                               f"run over algorithm={inner!r}; use 'native', 'ring' or 'tree'")
-    for step, wanted in (("all_to_all", "ring" if inner == "tree" else inner), ("all_gather", inner)):
-        choose_algorithm(step, g, torch.uint8, None, tensor.numel() // 8, wanted, "all_reduce")
+                               f"run over algorithm={inner!r}; use one of "
+                               f"{[a for a in ALGORITHM_NAMES if a not in COMPRESSED]}")
+    for step in SUB_COLLECTIVES:
+        choose_algorithm(step, g, torch.uint8, None, tensor.numel() // 8, sub_algorithm(step, inner), "all_reduce")
     return Call("all_reduce", g, (_flat(tensor), op), op, -1, "onebit", ALGORITHMS[("all_reduce", "onebit")],
                 {"state": state, "inner": inner}, async_op, None, (tensor,), (), nbytes, tensor.numel(), tensor.dtype)
 

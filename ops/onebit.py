@@ -29,9 +29,11 @@ Error feedback (1-bit Adam, Tang et al. 2021)
     padded bucket's size) and the server error (step 3, this rank's segment's
     size).  The communication between the steps belongs to ``zerocomm.comm``.
 
-CUDA
-    Every kernel here is plain torch (shift, compare, sum), so CUDA tensors are
-    packed on their device by the same code as CPU tensors; there is no cupy path.
+Kernels
+    The functions here work on one tensor at a time (plain torch, any device).  The
+    compressed all_reduce runs its three local steps through ``ErrorFeedback.worker_step``,
+    ``server_step`` and the codec's ``decode``, each one fused pass over the data
+    (``ops/onebit_kernels.py``: numpy blocks on CPU, torch or cupy on CUDA).
 """
 from __future__ import annotations
 
@@ -218,20 +220,21 @@ class ErrorFeedback:
 
     Shapes (``P`` = ``onebit_padded_numel(numel, world_size)`` of the bucket):
 
-    - ``worker_error``: 1-D, ``P`` elements, the dtype and device of the tensor
-      passed to ``compensate_and_compress``.  Step 1 of the scheme (``comm/algorithms/compressed.py``).
-    - ``server_error``: 1-D, ``P // world_size`` elements (this rank's segment),
-      the dtype and device of the tensor passed to
-      ``server_compensate_and_compress``.  Step 3.
+    - ``worker_error``: 1-D, ``P`` elements, the work dtype (float32, float64 for float64
+      tensors) and device of the tensor.  Step 1 of the scheme (``comm/algorithms/compressed.py``).
+    - ``server_error``: 1-D, ``P // world_size`` elements (this rank's segment).  Step 3.
 
-    Both are ``None`` until first used, then created as zeros of the size of
-    their first input; a later input of another size raises ``ValueError``.  A
-    state loaded from a checkpoint moves to the input's device and dtype on
-    first use.  One instance per bucket, owned by the caller; every rank keeps
-    its own.
+    Both are ``None`` until first used, then created as zeros; a later input of another size
+    raises ``ValueError``.  A state loaded from a checkpoint moves to the input's device and dtype
+    on first use.  One instance per bucket, owned by the caller; every rank keeps its own.
+
+    The compressed all_reduce keeps each error *lazily* (``[Note: lazy error feedback]`` in
+    ``ops/onebit_kernels.py``): between calls the buffer holds the last compensated value and the
+    scale it was sent with, and reading ``worker_error``/``server_error`` turns it into the error.
+    The state also owns the call's message buffers (``codec``), reused from call to call.
     """
 
-    __slots__ = ("name", "_worker_error", "_server_error")
+    __slots__ = ("name", "_worker_error", "_server_error", "_worker_pending", "_server_pending", "_codec")
 
     _KEYS = ("worker_error", "server_error")
 
@@ -240,6 +243,10 @@ class ErrorFeedback:
         self.name = name
         self._worker_error: torch.Tensor | None = None
         self._server_error: torch.Tensor | None = None
+        # (scale, valid) while the buffer holds x rather than e (see the class docstring)
+        self._worker_pending: tuple | None = None
+        self._server_pending: tuple | None = None
+        self._codec = None
 
     def __repr__(self) -> str:
         def desc(t: torch.Tensor | None) -> str:
@@ -252,16 +259,28 @@ class ErrorFeedback:
 
     @property
     def worker_error(self) -> torch.Tensor | None:
+        self._settle()
         return self._worker_error
 
     @property
     def server_error(self) -> torch.Tensor | None:
+        self._settle()
         return self._server_error
+
+    def _settle(self) -> None:
+        """Turn lazily kept values back into errors (``x - scale * sign(x)``, 0 on padding)."""
+        for attr, pending_attr in (("_worker_error", "_worker_pending"), ("_server_error", "_server_pending")):
+            pending = getattr(self, pending_attr)
+            if pending is not None:
+                with torch.no_grad():
+                    self._codec.settle(getattr(self, attr), *pending)
+                setattr(self, pending_attr, None)
 
     def _who(self) -> str:
         return f"ErrorFeedback({self.name!r})" if self.name else "ErrorFeedback"
 
-    def _ready(self, err: torch.Tensor | None, x: torch.Tensor, which: str, op: str) -> torch.Tensor:
+    def _ready(self, err: torch.Tensor | None, x: torch.Tensor, which: str, op: str,
+               numel: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
             got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{self._who()}.{op}: expects a floating tensor, got {got}")
@@ -269,15 +288,54 @@ class ErrorFeedback:
             raise ValueError(
                 f"{self._who()}.{op}: expects a contiguous tensor (it is updated in place), got strides {x.stride()}"
             )
+        numel = x.numel() if numel is None else numel
+        dtype = x.dtype if dtype is None else dtype
         if err is None:
-            return torch.zeros(x.numel(), dtype=x.dtype, device=x.device)
-        if err.numel() != x.numel():
+            return torch.zeros(numel, dtype=dtype, device=x.device)
+        if err.numel() != numel:
             raise ValueError(
-                f"{self._who()}.{op}: {which} has {err.numel()} elements, but the tensor has {x.numel()}"
+                f"{self._who()}.{op}: {which} has {err.numel()} elements, but the tensor has {numel}"
             )
-        if err.dtype != x.dtype or err.device != x.device:
-            err = err.to(device=x.device, dtype=x.dtype)
+        if err.dtype != dtype or err.device != x.device:
+            err = err.to(device=x.device, dtype=dtype)
         return err
+
+    # -- the fused steps of the compressed all_reduce (comm/algorithms/compressed.py) ----------------
+
+    def worker_step(self, tensor: torch.Tensor, world_size: int, rank: int):
+        """Step 1 on this rank's flat ``tensor`` (``numel`` elements, unchanged): compensate, compress.
+
+        Returns the codec whose ``send`` rows now hold the signs of every segment and the scale;
+        the worker error absorbs what they fail to carry.  Half-precision tensors work in float32.
+        """
+        from .onebit_kernels import codec_for
+
+        dtype = torch.float64 if tensor.dtype == torch.float64 else torch.float32
+        key = (tensor.numel(), world_size, rank, dtype, tensor.device)
+        if self._codec is None or self._codec.key != key:
+            self._settle()  # a pending error is kept in the old codec's terms
+            self._codec = codec_for(*key)
+        codec = self._codec
+        op = "compressed all_reduce"
+        x = self._ready(self._worker_error, tensor, "worker_error", op, codec.padded, dtype)
+        server = self._ready(self._server_error, tensor, "server_error", op, codec.seg, dtype)
+        self._worker_error, self._server_error = x, server
+        pending = self._worker_pending
+        with torch.no_grad():
+            scale = codec.worker(tensor, x, None if pending is None else pending[0])
+        self._worker_pending = (scale, codec.numel)
+        return codec
+
+    def server_step(self) -> None:
+        """Step 3, after ``worker_step``: from ``codec.recv`` (every rank's row for this rank's
+        segment) to ``codec.mine`` (the segment's mean, compressed again); the server error absorbs
+        the residual."""
+        codec, pending = self._codec, self._server_pending
+        with torch.no_grad():
+            scale = codec.server(self._server_error, None if pending is None else pending[0])
+        self._server_pending = (scale, codec.valid)
+
+    # -- the unfused steps, one tensor at a time -----------------------------------------------------
 
     @staticmethod
     def _compensate(x: torch.Tensor, err: torch.Tensor, valid: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -300,6 +358,7 @@ class ErrorFeedback:
         exactly, in ``x``'s dtype.  With ``valid``, only ``x[:valid]`` counts: the
         scale ignores the padding tail and the error there stays 0.
         """
+        self._settle()
         err = self._ready(self._worker_error, x, "worker_error", "compensate_and_compress")
         self._worker_error = err
         return self._compensate(x, err, valid)
@@ -312,6 +371,7 @@ class ErrorFeedback:
         ``segment_mean`` becomes ``segment_mean + server_error`` in place, its
         compression is returned, and the server error keeps the residual.
         """
+        self._settle()
         err = self._ready(self._server_error, segment_mean, "server_error", "server_compensate_and_compress")
         self._server_error = err
         return self._compensate(segment_mean, err, valid)
@@ -320,8 +380,10 @@ class ErrorFeedback:
         """The two error tensors (or ``None`` when not yet created).
 
         As with ``torch.nn.Module.state_dict`` the tensors are shared, not
-        copied: later steps update them in place, so clone them to keep a snapshot.
+        copied: the next compressed call works in them in place (they then hold that
+        call's lazily kept values, not errors), so clone them to keep a snapshot.
         """
+        self._settle()
         return {"worker_error": self._worker_error, "server_error": self._server_error}
 
     def load_state_dict(self, state: dict[str, torch.Tensor | None]) -> None:
@@ -349,6 +411,8 @@ class ErrorFeedback:
                 raise ValueError(
                     f"{self._who()}.load_state_dict: {key} must be a 1-D floating tensor or None, got {got}"
                 )
-            loaded[key] = value.detach().clone()
+            # + 0.0 turns -0.0 into +0.0, which the lazy update relies on (see ops/onebit_kernels.py)
+            loaded[key] = value.detach().clone().add_(0.0)
         self._worker_error = loaded["worker_error"]
         self._server_error = loaded["server_error"]
+        self._worker_pending = self._server_pending = None

@@ -90,6 +90,21 @@ KERNELS: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
 }
 
 
+#: ``KERNELS_OUT[op](a, b, out=dst)`` writes ``a (op) b`` into ``dst`` (which may be ``a`` or ``b``), unchecked:
+#: one pass over memory where a copy followed by an in-place combine would take two.  torch's own functions,
+#: so a call enters no Python frame.
+KERNELS_OUT: dict[str, Callable[..., object]] = {
+    "sum": torch.add,
+    "avg": torch.add,
+    "product": torch.mul,
+    "min": torch.minimum,
+    "max": torch.maximum,
+    "band": torch.bitwise_and,
+    "bor": torch.bitwise_or,
+    "bxor": torch.bitwise_xor,
+}
+
+
 def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> torch.Tensor:
     """Combine ``src`` into ``dst`` elementwise, in place: ``dst = dst (op) src``; returns ``dst``.
 

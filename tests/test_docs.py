@@ -129,3 +129,33 @@ def test_the_closing_lines_shown_are_the_ones_printed():
         text = page.read_text()
         assert printed[0] in text, f"{page.name} does not show {printed[0]!r}"
         assert printed[1].split(":")[0] + ":" in text
+
+
+# --- every DeepSpeed config the migration page shows trains as shown ------------------------------------
+
+def _deepspeed_configs_shown() -> list:
+    import json
+
+    text = (ROOT / "docs" / "migrating-from-deepspeed.md").read_text()
+    return [json.loads(block) for block in re.findall(r"```json\n(.*?)```", text, re.S)]
+
+
+def test_migration_page_shows_deepspeed_configs():
+    configs = _deepspeed_configs_shown()
+    assert len(configs) >= 6
+    devices = {c.get("zero_optimization", c).get("offload_optimizer", {}).get("device") for c in configs}
+    assert {"none", "cpu", "nvme"} <= devices
+
+
+@pytest.mark.parametrize("world", [("gloo", 2)], indirect=True, ids=["gloo-2"])
+def test_deepspeed_configs_shown_train_unchanged(world, tmp_path):
+    """Each config block of docs/migrating-from-deepspeed.md, passed to initialize as it is (``nvme_path`` pointed
+    at a temporary folder), trains two optimizer steps on two ranks with finite losses."""
+    import math
+
+    from support import zero_offload_checks
+
+    for index, config in enumerate(_deepspeed_configs_shown()):
+        for rank, seen in enumerate(world.run(zero_offload_checks.deepspeed_config_training, config, str(tmp_path),
+                                              timeout=120)):
+            assert seen["steps"] == 2 and all(math.isfinite(loss) for loss in seen["losses"]), (index, rank, seen)

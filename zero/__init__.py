@@ -1,8 +1,9 @@
 """zerocomm.zero: ZeRO stages 0-3 on zerocomm.comm's public API.
 
 ``initialize(model, optimizer_factory, config, group=None) -> (model, optimizer)``; see
-initialize.py for the training loop, config.py for the settings (and the DeepSpeed keys read),
-stages.py for the table of parts each stage is made of, optimizer.py for the wrapper that composes them,
+initialize.py for the training loop, config.py for the settings, deepspeed_config.py for what each
+DeepSpeed config key does, stages.py for the table of parts each stage is made of, optimizer.py for the
+wrapper that composes them, offload.py / offload_nvme.py for optimizer state in host memory or in files,
 checkpoint.py for ``optimizer.save`` / ``optimizer.load`` (any world size) and consolidation.py for ``consolidate`` (its command line: consolidate.py).
 """
 from .config import ZeroConfig

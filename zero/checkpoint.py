@@ -83,7 +83,7 @@ def save_checkpoint(optimizer, path) -> Path:
     group, rank, world = optimizer.group, optimizer.rank, optimizer.world_size
     # Tensors handed to collectives live on the model's device (NCCL moves CUDA tensors only); what is
     # written to disk is copied to the CPU, so a checkpoint loads on any device.
-    device = optimizer.master[0].device
+    device = optimizer.device  # not the masters': offloaded masters live in host memory or files
     nonce = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64) if rank == 0 else torch.zeros(1, dtype=torch.int64)
     nonce = nonce.to(device)
     dist.broadcast(nonce, group=group, group_src=0, algorithm=optimizer.algorithm)

@@ -1,19 +1,21 @@
-"""ZeRO configuration: one frozen dataclass, and the reader of DeepSpeed-style dicts.
+"""ZeRO configuration: one frozen dataclass.
 
 Sizes are element counts, as in DeepSpeed (``reduce_bucket_size: 5e8`` means 5e8 elements), so
-the same number means the same thing at every precision.  ``ZeroConfig.from_deepspeed`` accepts
-the keys listed in ``DEEPSPEED_KEYS`` and raises ``ZeroConfigError`` naming any other key, rather
-than ignoring a setting the user believes is in force.
+the same number means the same thing at every precision.  ``ZeroConfig.from_deepspeed`` reads a
+DeepSpeed config dict through deepspeed_config.py, which holds the table of every documented key.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Mapping, Optional
 
+from . import deepspeed_config
 from .errors import ZeroConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMM_ALGORITHMS = ("native", "ring", "tree", "auto")
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,6 +78,26 @@ class ZeroConfig:
     """Stage 3: parameters with fewer elements stay gathered on every rank."""
     stage3_max_live_parameters: int = 1 << 27
     """Stage 3: prefetching stops while more than this many gathered parameter elements are live."""
+    offload_optimizer: str = "none"
+    """Where the float32 masters, the optimizer state and the optimizer step live: "none" (with the
+    parameters), "cpu" (host memory; for CUDA models gradients stream to the host per bucket and updated
+    parameters stream back; for CPU models the same as "none") or "nvme" (files under ``nvme_path``, read
+    and written in pieces of ``offload_buffer_numel`` elements while the optimizer steps)."""
+    offload_param: str = "none"
+    """Where stage 3's parameter shards live.  Parameter offload is not implemented: "cpu" and "nvme" are
+    accepted and leave the shards where the model put them (host memory for CPU models), with a logged line."""
+    nvme_path: Optional[str] = None
+    """offload_optimizer "nvme": the folder holding the state files (one subfolder per process, removed at exit)."""
+    pin_memory: bool = True
+    """offload_optimizer "cpu" with CUDA models: host buffers are page-locked, so copies run asynchronously."""
+    offload_buffer_count: int = 4
+    """offload_optimizer "nvme": pieces in memory at once (one stepping, the next being read, the rest being
+    written); at least 2, for double buffering."""
+    offload_buffer_numel: int = 1 << 20
+    """offload_optimizer "nvme": elements per piece; memory for buffers is about ``offload_buffer_count`` x
+    this x 4 bytes x the state tensors per element (Adam: 2, 3 with a separate master)."""
+    consecutive_hysteresis: bool = False
+    """fp16: refill the hysteresis after every step without overflow (DeepSpeed's consecutive_hysteresis)."""
     debug: bool = False
     """Stage 3: before each unit's gather and reduction, check that every rank is at the same unit
     and phase, and raise ``ZeroStateError`` naming both ranks at the first divergence (one small
@@ -93,7 +115,16 @@ class ZeroConfig:
         for name in ("max_inflight_buckets", "initial_scale_power", "stage3_param_persistence_threshold",
                      "stage3_prefetch_depth"):
             _check_int(name, getattr(self, name), minimum=0)
-        for name in ("overlap_comm", "reduce_scatter", "debug", "wait_per_module"):
+        _check_choice("offload_optimizer", self.offload_optimizer, OFFLOAD_DEVICES)
+        _check_choice("offload_param", self.offload_param, OFFLOAD_DEVICES)
+        _check_int("offload_buffer_count", self.offload_buffer_count, minimum=2)
+        _check_int("offload_buffer_numel", self.offload_buffer_numel, minimum=1)
+        if self.offload_optimizer == "nvme" and not self.nvme_path:
+            raise ZeroConfigError("offload_optimizer 'nvme' needs nvme_path (a folder for the state files)")
+        if self.nvme_path is not None and not isinstance(self.nvme_path, (str, os.PathLike)):
+            raise ZeroConfigError(f"nvme_path must be a path, got {self.nvme_path!r}")
+        for name in ("overlap_comm", "reduce_scatter", "debug", "wait_per_module", "pin_memory",
+                     "consecutive_hysteresis"):
             if not isinstance(getattr(self, name), bool):
                 raise ZeroConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("gradient_clipping", "loss_scale"):
@@ -111,104 +142,25 @@ class ZeroConfig:
     def dynamic_loss_scale(self) -> bool:
         return self.precision == "fp16" and self.loss_scale == 0
 
-    @classmethod
-    def from_deepspeed(cls, config: Mapping[str, Any], **overrides) -> "ZeroConfig":
-        """Read a DeepSpeed-style dict (see ``DEEPSPEED_KEYS``); ``overrides`` set fields directly.
+    @property
+    def offloads_optimizer(self) -> bool:
+        return self.offload_optimizer != "none"
 
-        Raises ``ZeroConfigError`` naming every key zerocomm does not support, and for settings
-        zerocomm implements one way only (``contiguous_gradients: false``) or both fp16 and bf16.
+    @classmethod
+    def from_deepspeed(cls, config: Mapping[str, Any], *, world_size: Optional[int] = None, model=None,
+                       **overrides) -> "ZeroConfig":
+        """Read a DeepSpeed config dict, whole or only its ``zero_optimization`` part (see deepspeed_config.py
+        for what each documented key does); ``overrides`` set fields directly.
+
+        ``world_size`` checks and derives the batch sizes as DeepSpeed does; ``model`` resolves ``"auto"``
+        bucket sizes from its ``config.hidden_size``.  Raises ``ZeroConfigError`` naming a refused key.
         """
-        if not isinstance(config, Mapping):
-            raise ZeroConfigError(f"a DeepSpeed config must be a dict, got {type(config).__name__}")
-        fields: dict[str, Any] = {}
-        _reject_unknown(config, DEEPSPEED_KEYS[""], "")
-        for key, field in _TOP_LEVEL.items():
-            if key in config:
-                fields[field] = _number(config[key], key)
-        zero = config.get("zero_optimization", {})
-        if not isinstance(zero, Mapping):
-            raise ZeroConfigError(f"zero_optimization must be a dict, got {type(zero).__name__}")
-        _reject_unknown(zero, DEEPSPEED_KEYS["zero_optimization"], "zero_optimization.")
-        for key, field in _ZERO_KEYS.items():
-            if key in zero:
-                fields[field] = _number(zero[key], f"zero_optimization.{key}")
-        for key, required in _FIXED_ZERO_KEYS.items():
-            if key in zero and _number(zero[key], f"zero_optimization.{key}") is not required:
-                raise ZeroConfigError(f"zero_optimization.{key} = {zero[key]!r} is not supported: zerocomm always "
-                                      f"behaves as {key} = {required} (remove the key or set it to {required})")
-        enabled = []
-        for section in ("fp16", "bf16"):
-            block = config.get(section, {})
-            if not isinstance(block, Mapping):
-                raise ZeroConfigError(f"{section} must be a dict, got {type(block).__name__}")
-            _reject_unknown(block, DEEPSPEED_KEYS[section], f"{section}.")
-            if _number(block.get("enabled", False), f"{section}.enabled"):
-                enabled.append(section)
-            elif section == "fp16" and set(block) - {"enabled"}:
-                raise ZeroConfigError(f"fp16 settings {sorted(set(block) - {'enabled'})} given but fp16.enabled "
-                                      f"is not true")
-        if len(enabled) > 1:
-            raise ZeroConfigError("fp16.enabled and bf16.enabled are both true; enable one of them")
-        if enabled:
-            fields["precision"] = enabled[0]
-        if "fp16" in enabled:
-            for key in DEEPSPEED_KEYS["fp16"] - {"enabled"}:
-                if key in config["fp16"]:
-                    fields[key] = _number(config["fp16"][key], f"fp16.{key}")
+        fields = deepspeed_config.read(config, world_size=world_size, model=model)
         fields.update(overrides)
         try:
             return cls(**fields)
         except TypeError as error:  # an override that is not a field
             raise ZeroConfigError(str(error)) from None
-
-
-_TOP_LEVEL = {"gradient_accumulation_steps": "gradient_accumulation_steps",
-              "gradient_clipping": "gradient_clipping"}
-_ZERO_KEYS = {"stage": "stage", "reduce_bucket_size": "reduce_bucket_numel",
-              "allgather_bucket_size": "allgather_bucket_numel", "overlap_comm": "overlap_comm",
-              "reduce_scatter": "reduce_scatter", "stage3_prefetch_bucket_size": "stage3_prefetch_bucket_numel",
-              "stage3_param_persistence_threshold": "stage3_param_persistence_threshold",
-              "stage3_max_live_parameters": "stage3_max_live_parameters"}
-#: DeepSpeed switches that zerocomm implements one way only: accepted when they ask for that way.
-_FIXED_ZERO_KEYS = {"contiguous_gradients": True, "allgather_partitions": True}
-
-#: Every key ``from_deepspeed`` reads, per section ("" is the top level).
-DEEPSPEED_KEYS: dict[str, frozenset] = {
-    "": frozenset({"zero_optimization", "gradient_accumulation_steps", "gradient_clipping", "fp16", "bf16"}),
-    "zero_optimization": frozenset(_ZERO_KEYS) | frozenset(_FIXED_ZERO_KEYS),
-    "fp16": frozenset({"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-                       "min_loss_scale"}),
-    "bf16": frozenset({"enabled"}),
-}
-
-_HINTS = {
-    "optimizer": "pass an optimizer_factory to zerocomm.zero.initialize instead",
-    "scheduler": "build a torch.optim.lr_scheduler on optimizer.optimizer instead",
-    "train_batch_size": "zerocomm.zero does not load data; the batch size is the caller's",
-    "train_micro_batch_size_per_gpu": "zerocomm.zero does not load data; the batch size is the caller's",
-    "offload_optimizer": "CPU/NVMe offload is not implemented",
-    "offload_param": "CPU/NVMe offload is not implemented",
-}
-
-
-def _reject_unknown(section: Mapping, allowed: frozenset, prefix: str) -> None:
-    unknown = sorted(str(key) for key in section if key not in allowed)
-    if unknown:
-        hints = "; ".join(f"{prefix}{key}: {_HINTS[key]}" for key in unknown if key in _HINTS)
-        raise ZeroConfigError(
-            f"unsupported DeepSpeed key{'s' if len(unknown) > 1 else ''} {[prefix + k for k in unknown]}"
-            f"{' (' + hints + ')' if hints else ''}; zerocomm reads only {sorted(prefix + k for k in allowed)}")
-
-
-def _number(value: Any, key: str) -> Any:
-    """DeepSpeed configs write sizes as floats (5e8) and may say "auto": normalize or refuse."""
-    if isinstance(value, str):
-        raise ZeroConfigError(f"{key} = {value!r}: zerocomm needs a concrete value (resolve 'auto' first)")
-    if isinstance(value, float) and value.is_integer() and key.endswith(("_size", "stage", "_steps",
-                                                                           "threshold", "parameters", "power",
-                                                                           "window", "hysteresis")):
-        return int(value)
-    return value
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:

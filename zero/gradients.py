@@ -71,15 +71,18 @@ class GradientBucket:
         persistent: keep the buffer between rounds (a view of a full gradient buffer); otherwise it is
             freed by ``wait``.
         rank: this process's rank, for messages.
+        on_reduced: called with the layout once the reduction has been waited for (an offloading optimizer
+            state starts copying the reduced elements to the host there).
     """
 
     def __init__(self, layout: BucketLayout, *, acquire: Acquire, reduce: Reduce, persistent: bool,
-                 rank: int = 0):
+                 rank: int = 0, on_reduced: Optional[Callable[[BucketLayout], None]] = None):
         self.layout = layout
         self._acquire = acquire
         self._reduce = reduce
         self._persistent = persistent
         self._rank = rank
+        self._on_reduced = on_reduced
         self.buffer: Optional[torch.Tensor] = None
         self._views: Optional[list] = None
         self._pending: set = set()
@@ -167,6 +170,8 @@ class GradientBucket:
             self.work.wait()
         self.work = None
         self.state = BucketState.REDUCED
+        if self._on_reduced is not None:
+            self._on_reduced(self.layout)
         if not self._persistent:
             release_storage(self.buffer)
             self.buffer = None

@@ -15,23 +15,28 @@ views of a flat buffer); the optimizer is a ``ZeroOptimizer`` (its parts chosen 
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Optional, Union
 
 from torch import nn
 
+from .. import comm as dist
 from .config import ZeroConfig
 from .errors import ZeroConfigError
 from .optimizer import OptimizerFactory, ZeroOptimizer
 
 
-def as_config(config: Union[ZeroConfig, Mapping[str, Any], None]) -> ZeroConfig:
-    """A ``ZeroConfig`` from a ``ZeroConfig``, a DeepSpeed-style dict, or ``None`` (the defaults)."""
+def as_config(config: Union[ZeroConfig, Mapping[str, Any], None], *, world_size: Optional[int] = None,
+              model: Optional[nn.Module] = None) -> ZeroConfig:
+    """A ``ZeroConfig`` from a ``ZeroConfig``, a DeepSpeed config dict, or ``None`` (the defaults).
+
+    ``world_size`` and ``model`` let a DeepSpeed dict's batch sizes be checked and its ``"auto"`` values
+    resolved (see deepspeed_config.py)."""
     if config is None:
         return ZeroConfig()
     if isinstance(config, ZeroConfig):
         return config
     if isinstance(config, Mapping):
-        return ZeroConfig.from_deepspeed(config)
+        return ZeroConfig.from_deepspeed(config, world_size=world_size, model=model)
     raise ZeroConfigError(f"config must be a ZeroConfig, a DeepSpeed-style dict or None, got {type(config).__name__}")
 
 
@@ -46,7 +51,7 @@ def initialize(model: nn.Module, optimizer_factory: OptimizerFactory,
     exactly them; elementwise optimizers (SGD, Adam, AdamW, ...) then give the same updates as on
     full parameters.  Returns ``(model, optimizer)``.
     """
-    config = as_config(config)
+    config = as_config(config, world_size=dist.get_world_size(group), model=model)
     if not isinstance(model, nn.Module):
         raise ZeroConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not callable(optimizer_factory):

@@ -8,8 +8,9 @@ gradient-accumulation boundary and the step, and calls the parts in a fixed orde
 * ``parameters`` (replicated.py ``ReplicatedParameters`` or sharded.py ``ShardedParameters``): where
   the parameters live, which elements this rank updates, what is gathered before use and after
   the step;
-* ``optimizer_state`` (optimizer_state.py ``DeviceOptimizerState``): the float32 masters of those
-  elements and the torch optimizer over them.
+* ``optimizer_state`` (optimizer_state.py ``DeviceOptimizerState``; offload.py ``HostOptimizerState``,
+  offload_nvme.py ``NvmeOptimizerState``): the float32 masters of those elements and the torch optimizer
+  over them, beside the parameters, in host memory or in files.
 
 One boundary step, in order::
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import time
 from pathlib import Path
@@ -53,13 +55,14 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .errors import ZeroConfigError, ZeroStateError
 from .gradients import BucketState, FullGradients, GradientBucket, ShardedGradients, tensor_bytes
-from .optimizer_state import DeviceOptimizerState, OptimizerFactory
+from .offload import build_optimizer_state, state_placement
+from .optimizer_state import OptimizerFactory
 from .partition import flatten_params
 from .precision import (LossScaler, cast_inputs, clip_coefficient, compute_dtype, global_sum_of_squares,
                         scale_outputs)
 from .replicated import ReplicatedParameters
 from .sharded import ShardedParameters
-from .stages import GradientPlacement, ParameterPlacement, StatePlacement, plan_for
+from .stages import GradientPlacement, ParameterPlacement, plan_for
 
 __all__ = ["ZeroOptimizer", "BackwardTimeline", "OptimizerFactory", "managed_parameters", "tensor_bytes"]
 
@@ -124,13 +127,23 @@ class ZeroOptimizer:
                                                    sharded_updates=self.plan.shard_optimizer_state, rank=self.rank,
                                                    config=config, group=group)
         self._param_shards = [self.parameters.shard(layout) for layout in self.layouts]
-        if self.plan.optimizer_state is not StatePlacement.DEVICE:
-            raise ZeroConfigError(f"optimizer state placement {self.plan.optimizer_state} is not implemented")
         copies = None if self.dtype == torch.float32 else [self.parameters.owned_float32(full32, layout)
                                                            for layout in self.layouts]
-        self.optimizer_state = DeviceOptimizerState(self._param_shards, copies, optimizer_factory, self.rank)
+        self.optimizer_state = build_optimizer_state(self.plan.optimizer_state, self._param_shards, copies,
+                                                     optimizer_factory, self.rank, config)
         del full32, copies
         device = self._param_shards[0].device
+        if config.offload_param == "cpu" and device.type == "cpu":
+            logging.getLogger("zerocomm.zero").info("rank %d: offload_param 'cpu': the parameters are in host memory "
+                                                    "already", self.rank)
+        elif config.offload_param != "none":
+            logging.getLogger("zerocomm.zero").warning(
+                "rank %d: offload_param %r: parameter offload is not implemented; the parameters stay on %s",
+                self.rank, config.offload_param, device)
+        on_reduced = None  # an offloading state starts copying each bucket's reduced elements as soon as they are final
+        if hasattr(self.optimizer_state, "gradient_ready"):
+            on_reduced = lambda layout: self.optimizer_state.gradient_ready(  # noqa: E731
+                layout.index, self.gradients.reduced(layout))
         if self.plan.gradients is GradientPlacement.FULL:
             self.gradients = FullGradients(self.layouts, dtype=self.dtype, device=device, reduction=self.plan.reduction,
                                            owned=self.parameters.owned, rank=self.rank, group=group,
@@ -140,7 +153,7 @@ class ZeroOptimizer:
                                               reduction=self.plan.reduction, max_inflight=config.max_inflight_buckets,
                                               rank=self.rank, group=group, algorithm=self.algorithm)
         self.buckets = [GradientBucket(layout, acquire=self.gradients.acquire, reduce=self.gradients.reduce,
-                                       persistent=self.gradients.persistent, rank=self.rank)
+                                       persistent=self.gradients.persistent, rank=self.rank, on_reduced=on_reduced)
                         for layout in self.layouts]
         self.gradients.buckets = self.buckets
         self.scaler = LossScaler(config) if config.precision == "fp16" else None
@@ -173,6 +186,11 @@ class ZeroOptimizer:
     def master(self) -> list:
         """This rank's float32 masters, one flat tensor per bucket."""
         return self.optimizer_state.masters
+
+    @property
+    def device(self) -> torch.device:
+        """The parameters' device: where ZeRO's collectives run (offloaded masters may live elsewhere)."""
+        return self._param_shards[0].device
 
     def shard_bounds(self, layout) -> tuple[int, int]:
         """The bucket-relative element range of ``layout`` this rank's master holds."""
@@ -281,7 +299,7 @@ class ZeroOptimizer:
                                                    factor)
         if self.config.gradient_clipping > 0 or self.scaler is not None:
             sumsq = global_sum_of_squares(grads, self.group, sharded=self.plan.shard_optimizer_state,
-                                          algorithm=self.algorithm)
+                                          algorithm=self.algorithm, device=self._param_shards[0].device)
             if self.scaler is not None and not math.isfinite(sumsq):
                 self.scaler.update(overflow=True)
                 self.skipped_steps += 1
@@ -380,6 +398,20 @@ class ZeroOptimizer:
         buffers = sum(tensor_bytes(b) for b in self.model.buffers())
         return {"params": params, "grads": grads, "optimizer_state": self.optimizer_state.nbytes(storages),
                 "buffers": buffers}
+
+    def memory_report(self) -> dict[str, dict[str, int]]:
+        """Where each byte of model state lives: ``{part: {"device": b, "host": b, "disk": b}}`` for ``params``,
+        ``grads``, ``optimizer_state`` (masters that are not the parameters' storage, the optimizer's state,
+        offload buffers) and ``buffers``.  "device" is the parameters' device when it is an accelerator;
+        for CPU models parameters, gradients and in-memory state count as "host"."""
+        states = self.model_state_bytes()
+        where = "host" if self._param_shards[0].device.type == "cpu" else "device"
+        report = {part: {"device": 0, "host": 0, "disk": 0} for part in states}
+        for part in ("params", "grads", "buffers"):
+            report[part][where] = states[part]
+        storages = {shard.untyped_storage().data_ptr() for shard in self._param_shards}
+        report["optimizer_state"] = state_placement(self.optimizer_state, storages)
+        return report
 
     def remove_hooks(self) -> None:
         """Detach every hook from the model (the parameters stay views of ZeRO's buffers)."""

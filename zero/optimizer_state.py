@@ -1,9 +1,8 @@
 """Where the optimizer's state lives: float32 masters of this rank's elements, and the torch optimizer.
 
 ``DeviceOptimizerState`` keeps them on the parameters' device.  Its methods are the whole contract
-the wrapper uses, so an offloading variant (masters and moments in host memory or on disk, the
-gradient shard copied there before ``step`` and the updated values copied back in ``write_back``)
-is one more class with the same methods and one more ``StatePlacement`` member.
+the wrapper uses; the offloading variants have the same methods (``HostOptimizerState`` in offload.py:
+host memory; ``NvmeOptimizerState`` in offload_nvme.py: files), one per ``StatePlacement`` member.
 
 [Note: masters that are the parameters]
 In fp32 the master of a bucket is a view of the parameters' own storage (no copy): the optimizer
@@ -26,6 +25,16 @@ from .gradients import tensor_bytes
 OptimizerFactory = Callable[[list], torch.optim.Optimizer]
 
 
+def check_optimizer(optimizer, masters: Sequence[torch.Tensor], rank: int) -> None:
+    """Raise ``ZeroConfigError`` unless ``optimizer`` is a torch optimizer over exactly ``masters``."""
+    if not hasattr(optimizer, "step") or not hasattr(optimizer, "param_groups"):
+        raise ZeroConfigError(f"optimizer_factory must return a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    given = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if given != {id(m) for m in masters}:
+        raise ZeroConfigError(f"rank {rank}: optimizer_factory must build its optimizer over exactly the "
+                              f"{len(masters)} master shards it is given, got {len(given)} other tensors")
+
+
 class DeviceOptimizerState:
     """This rank's float32 masters (one flat tensor per bucket) and the optimizer over them.
 
@@ -46,13 +55,7 @@ class DeviceOptimizerState:
         else:
             self.masters = [nn.Parameter(values.detach().clone()) for values in full32]
         self.optimizer = factory(list(self.masters))
-        if not hasattr(self.optimizer, "step") or not hasattr(self.optimizer, "param_groups"):
-            raise ZeroConfigError(f"optimizer_factory must return a torch.optim.Optimizer, got "
-                                  f"{type(self.optimizer).__name__}")
-        given = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-        if given != {id(m) for m in self.masters}:
-            raise ZeroConfigError(f"rank {rank}: optimizer_factory must build its optimizer over exactly the "
-                                  f"{len(self.masters)} master shards it is given, got {len(given)} other tensors")
+        check_optimizer(self.optimizer, self.masters, rank)
 
     def set_gradients(self, grads: Sequence[torch.Tensor], factor: float) -> list:
         """Give every master its gradient (``grads`` per bucket, in the parameters' dtype) times ``factor``;

@@ -44,10 +44,13 @@ def sum_of_squares(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 
 
 def global_sum_of_squares(local: Iterable[torch.Tensor], group=None, *, sharded: bool,
-                          algorithm: Optional[str] = None) -> float:
+                          algorithm: Optional[str] = None, device=None) -> float:
     """The float64 sum of squares of every rank's ``local`` elements (``sharded``), or of this rank's
-    alone when every rank holds the same full gradients.  Every rank of ``group`` calls it."""
+    alone when every rank holds the same full gradients.  Every rank of ``group`` calls it.  ``device``:
+    where the total is reduced (the group's device; offloaded gradients are summed on the host)."""
     total = sum_of_squares(local)
+    if device is not None and total.device != device:
+        total = total.to(device)
     if sharded and dist.get_world_size(group) > 1:
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group, algorithm=algorithm)
     return float(total.item())
@@ -73,6 +76,7 @@ class LossScaler:
         self.hysteresis = config.hysteresis
         self.min_scale = float(config.min_loss_scale)
         self._hysteresis_left = config.hysteresis
+        self.consecutive = config.consecutive_hysteresis
         self._good_steps = 0
         self.overflows = 0
         """Steps skipped because some rank's gradients held inf or nan."""
@@ -88,6 +92,8 @@ class LossScaler:
                     self.scale = max(self.scale / 2.0, self.min_scale)
             return
         self._good_steps += 1
+        if self.consecutive:
+            self._hysteresis_left = self.hysteresis  # only overflows in a row count
         if self.dynamic and self._good_steps % self.window == 0:
             self.scale *= 2.0
             self._hysteresis_left = self.hysteresis

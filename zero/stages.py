@@ -23,9 +23,10 @@ stage         gradients             reduction              parameters           
 * parameters (replicated.py, sharded.py): ``REPLICATED`` keeps a full copy on every rank (when the
   optimizer state is sharded, each rank's updated chunks are all-gathered after the step);
   ``SHARDED`` keeps only this rank's shard and gathers each unit of modules around its use.
-* optimizer state (optimizer_state.py): ``DEVICE`` keeps the float32 masters and the optimizer's
-  state on the parameters' device.  Offloading to host memory or disk is one more member here and
-  one more class with the same methods, not a new stage.
+* optimizer state (optimizer_state.py, offload.py, offload_nvme.py): ``DEVICE`` keeps the float32
+  masters and the optimizer's state on the parameters' device, ``HOST`` in host memory (the step runs
+  on the CPU), ``DISK`` in files.  Any stage may take any of them: ``ZeroConfig.offload_optimizer``
+  replaces the last column of the table.
 """
 from __future__ import annotations
 
@@ -72,6 +73,10 @@ class StatePlacement(enum.Enum):
 
     DEVICE = "device"
     """On the parameters' device (CPU tensors on gloo/MPI, CUDA tensors on NCCL)."""
+    HOST = "cpu"
+    """In host memory, stepped by the CPU (``offload_optimizer: cpu``); for CPU models the same as ``DEVICE``."""
+    DISK = "nvme"
+    """In files under ``nvme_path``, read and written piece by piece around the step (``offload_optimizer: nvme``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,10 +108,16 @@ STAGES: dict[Stage, StagePlan] = {
 }
 
 
+_OFFLOAD = {"none": StatePlacement.DEVICE, "cpu": StatePlacement.HOST, "nvme": StatePlacement.DISK}
+
+
 def plan_for(config: ZeroConfig) -> StagePlan:
     """The stage's row, with ``reduce_scatter = False`` applied (stages 1 and 2 only: stage 3's
-    gradients reach no rank in full, so it always reduce-scatters)."""
+    gradients reach no rank in full, so it always reduce-scatters) and ``offload_optimizer`` as its
+    optimizer-state placement."""
     plan = STAGES[Stage(config.stage)]
+    if config.offload_optimizer != "none":
+        plan = dataclasses.replace(plan, optimizer_state=_OFFLOAD[config.offload_optimizer])
     if not config.reduce_scatter and plan.stage in (Stage.OPTIMIZER_STATE, Stage.GRADIENTS):
         plan = dataclasses.replace(plan, reduction=Reduction.ALL_REDUCE)
     return plan

@@ -11,7 +11,7 @@ import torch
 
 from zerocomm.ops import (ErrorFeedback, flatten_tensors, onebit_padded_numel, pack_signs, partition_bounds,
                           reduce_, unpack_signs, unflatten_into)
-from zerocomm.zero.bucket import GradientBucket
+from zerocomm.zero.gradients import GradientBucket
 from zerocomm.zero.partition import plan_buckets
 
 N = 1 << 22
@@ -46,6 +46,13 @@ def test_error_feedback_worker_step(benchmark):
     state = ErrorFeedback("bench")
     x = torch.randn(onebit_padded_numel(N, 4))
     benchmark(state.compensate_and_compress, x)
+
+
+def test_onebit_fused_worker_step(benchmark):
+    """The compressed all_reduce's worker step (one fused pass), sized for 4 ranks."""
+    state = ErrorFeedback("bench")
+    x = torch.randn(N)
+    benchmark(state.worker_step, x, 4, 0)
 
 
 def test_flatten_and_unflatten(benchmark):

@@ -38,6 +38,17 @@ from .ring import (
     reduce_ring,
     reduce_scatter_ring,
 )
+from .shm import (
+    all_gather_shm,
+    all_reduce_shm,
+    all_to_all_shm,
+    barrier_shm,
+    broadcast_shm,
+    gather_shm,
+    reduce_scatter_shm,
+    reduce_shm,
+    scatter_shm,
+)
 from .tree import (
     all_gather_tree,
     all_reduce_recursive_doubling,
@@ -80,6 +91,16 @@ ALGORITHMS: dict[tuple[str, str], Callable[..., None]] = {
     ("all_to_all", "ring"): all_to_all_ring,
     ("barrier", "tree"): barrier_tree,
     ("all_reduce", "onebit"): all_reduce_onebit,
+    # Shared memory: every rank of the transport on one host (UnsupportedError otherwise).
+    ("all_reduce", "shm"): all_reduce_shm,
+    ("broadcast", "shm"): broadcast_shm,
+    ("reduce", "shm"): reduce_shm,
+    ("all_gather", "shm"): all_gather_shm,
+    ("gather", "shm"): gather_shm,
+    ("scatter", "shm"): scatter_shm,
+    ("reduce_scatter", "shm"): reduce_scatter_shm,
+    ("all_to_all", "shm"): all_to_all_shm,
+    ("barrier", "shm"): barrier_shm,
 }
 
 #: Algorithms whose result carries compression error (not the exact reduction).

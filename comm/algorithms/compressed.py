@@ -17,27 +17,33 @@ in its last bytes, so the scheme costs two collectives, not four.  Bytes sent pe
 rank ≈ 2·(n-1)·(P/(8n) + scale bytes), about 1/32 of a float32 ring all_reduce's
 2·(n-1)/n·4·numel.
 
-The two collectives run with the ``inner`` algorithm ("native", "ring" or "tree"; a
-tree has no all_to_all, so tree runs the pairwise ring exchange there), looked up in
-the same registry as every other algorithm, so the schedule serves every backend.
-It is registered as ``("all_reduce", "onebit")``; the call's ``compression_state``
-and ``algorithm`` arrive as ``state`` and ``inner``.
+The two collectives run with the ``inner`` algorithm, any name of the registry: "native"
+is the backend's own, another name is looked up in ``ALGORITHMS`` for each sub-collective,
+and where that algorithm has no such cell (a tree has no all_to_all) the ring serves it
+(``sub_algorithm``).  It is registered as ``("all_reduce", "onebit")``; the call's
+``compression_state`` and ``algorithm`` arrive as ``state`` and ``inner``.
+
+The local steps are one fused pass each (``ops/onebit_kernels.py``), and every buffer they and
+the messages use belongs to ``state`` and is reused by the next call on the same bucket.  On a
+slow link the two messages are the only wait: each is about 1/32 of the float32 data and goes
+out as soon as its step has produced it.
 """
 from __future__ import annotations
 
 import torch
 
-from ...ops.onebit import ErrorFeedback, onebit_padded_numel, unpack_signs
+from ...ops.onebit import ErrorFeedback, onebit_padded_numel
+
+#: The sub-collectives of the schedule, in order.
+SUB_COLLECTIVES = ("all_to_all", "all_gather")
 
 
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    # Half-precision inputs compress and keep their error in float32: the error feedback
-    # would lose the residual in float16's 11-bit mantissa.
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def sub_algorithm(collective: str, inner: str) -> str:
+    """The algorithm that runs ``collective`` (all_to_all or all_gather) for a compressed all_reduce
+    over ``inner``: ``inner`` itself where the registry has it (or it is "native"), else "ring"."""
+    from . import ALGORITHMS  # the registry imports this module
 
-
-def _pack_message(signs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return torch.cat([signs, scale.reshape(1).view(torch.uint8)])
+    return inner if inner == "native" or (collective, inner) in ALGORITHMS else "ring"
 
 
 def onebit_message_bytes(numel: int, n: int, dtype: torch.dtype) -> int:
@@ -55,42 +61,16 @@ def all_reduce_onebit(t, tensor: torch.Tensor, op: str, *, tag: int, deadline, s
     numel and dtype, and the same ``inner``.
     """
     from . import function_for  # the registry imports this module
-    all_to_all = function_for("all_to_all", "ring" if inner == "tree" else inner, t)
-    all_gather = function_for("all_gather", inner, t)
+
+    all_to_all = function_for("all_to_all", sub_algorithm("all_to_all", inner), t)
+    all_gather = function_for("all_gather", sub_algorithm("all_gather", inner), t)
     n = t.size
     if n == 1 or tensor.numel() == 0:
         return  # the mean of one rank's tensor is the tensor: nothing to compress
-    dtype = _work_dtype(tensor.dtype)
-    padded = onebit_padded_numel(tensor.numel(), n)
-    seg = padded // n
-    seg_bytes = seg // 8
-    x = torch.zeros(padded, dtype=dtype, device=tensor.device)
-    x[:tensor.numel()] = tensor
-    signs, scale = state.compensate_and_compress(x, tensor.numel())
-    scale_bytes = scale.element_size()
-    row = seg_bytes + scale_bytes
-
-    # 2. every chunk of signs goes to its segment's server, with this rank's scale behind it
-    send = torch.empty((n, row), dtype=torch.uint8, device=tensor.device)
-    send[:, :seg_bytes] = signs.view(n, seg_bytes)
-    send[:, seg_bytes:] = scale.reshape(1).view(torch.uint8)
-    received = torch.empty_like(send)
-    all_to_all(t, received.view(-1), send.view(-1), [row] * n, [row] * n, tag=tag, deadline=deadline,
-               segment_bytes=segment_bytes)
-
-    # 3. the server's average of its segment: all n versions unpacked at once, weighted by their scales
-    signs_in = unpack_signs(received[:, :seg_bytes].reshape(-1), n * seg, dtype=dtype).view(n, seg)
-    scales_in = received[:, seg_bytes:].clone().view(dtype).view(n)  # clone: the scales sit unaligned
-    mean = (scales_in.view(1, n) @ signs_in).view(seg).div_(n)
-    # Padding decompresses to ±scale; it must not enter this segment's scale or error.
-    valid = min(max(tensor.numel() - t.rank * seg, 0), seg)
-    mean[valid:] = 0
-    server_signs, server_scale = state.server_compensate_and_compress(mean, valid)
-
-    # 4. everyone gathers every server's compressed segment and decompresses the whole
-    gathered = torch.empty((n, row), dtype=torch.uint8, device=tensor.device)
-    all_gather(t, gathered.view(-1), _pack_message(server_signs, server_scale), tag=tag, deadline=deadline,
-               segment_bytes=segment_bytes)
-    result = unpack_signs(gathered[:, :seg_bytes].reshape(-1), padded, dtype=dtype).view(n, seg)
-    result.mul_(gathered[:, seg_bytes:].clone().view(dtype).view(n, 1))
-    tensor.copy_(result.view(-1)[:tensor.numel()])
+    codec = state.worker_step(tensor, n, t.rank)  # 1. signs of every segment, and the scale, in codec.send
+    rows = [codec.row] * n
+    all_to_all(t, codec.recv.view(-1), codec.send.view(-1), rows, rows, tag=tag, deadline=deadline,
+               segment_bytes=segment_bytes)  # 2. row j to rank j, the server of segment j
+    state.server_step()  # 3. this rank's segment: mean of the n versions, compressed again, in codec.mine
+    all_gather(t, codec.gathered.view(-1), codec.mine, tag=tag, deadline=deadline, segment_bytes=segment_bytes)
+    codec.decode(tensor)  # 4. every server's segment, decompressed into the tensor

@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as td
 
+from ..shm import release as release_shared_memory
 from ..transport import Backend, PeerFailure, Request
 
 _C = torch._C._distributed_c10d
@@ -101,6 +102,11 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
+def _as_sent(tensor: torch.Tensor) -> torch.Tensor:
+    """The user's contiguous tensor as it is, or its bytes where gloo would refuse it (empty tensors)."""
+    return tensor if tensor.numel() else _bytes(tensor)
+
+
 class GlooBackend(Backend):
     """One gloo communicator; ``pg`` is the ``ProcessGroupGloo`` over its members."""
 
@@ -124,8 +130,18 @@ class GlooBackend(Backend):
         buf = _bytes(tensor)
         return GlooRequest(self.pg.recv([buf], peer, tag), ("recv from rank {} (tag {})", peer, tag), buf, peer)
 
+    # The user's send/recv hand gloo the tensor in its own shape and dtype (gloo moves its bytes all the
+    # same): torch's profiler then records gloo's own "gloo:send"/"gloo:recv" event with the user's shape.
+    def user_isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
+        buf = _as_sent(tensor)
+        return GlooRequest(self.pg.send([buf], peer, tag), ("send to rank {} (tag {})", peer, tag), buf, peer)
+
+    def user_irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
+        buf = _as_sent(tensor)
+        return GlooRequest(self.pg.recv([buf], peer, tag), ("recv from rank {} (tag {})", peer, tag), buf, peer)
+
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
-        buf = _bytes(tensor)
+        buf = _as_sent(tensor)
         return GlooRequest(self.pg.recv_anysource([buf], tag), f"recv from any rank (tag {tag})", buf)
 
     def split(self, ranks: Sequence[int], key: str) -> Optional["GlooBackend"]:
@@ -135,6 +151,7 @@ class GlooBackend(Backend):
         return GlooBackend(store, list(ranks).index(self.rank), len(ranks), self.timeout)
 
     def close(self) -> None:
+        release_shared_memory(self)
         self.pg = None
 
     # -- what gloo supports -----------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from ...ops.reduce import reduce_
+from ..shm import release as release_shared_memory
 from ..transport import Backend, PeerFailure, Request
 
 #: The phases of a wait (see the note above).
@@ -315,6 +316,7 @@ class MpiBackend(Backend):
         return MpiBackend(comm)
 
     def close(self) -> None:
+        release_shared_memory(self)
         for comm in (self.p2p, self.comm):
             try:
                 comm.Free()

@@ -32,8 +32,8 @@ def _id(value):
 
 def test_registry_shape():
     assert set(COLLECTIVES) == {coll for coll, _ in ALGORITHMS}
-    assert algorithms_for("all_reduce") == ["ring", "tree", "recursive_doubling", "onebit"]
-    assert algorithms_for("gather") == ["tree"]
+    assert algorithms_for("all_reduce") == ["ring", "tree", "recursive_doubling", "onebit", "shm"]
+    assert algorithms_for("gather") == ["tree", "shm"]
     assert algorithms_for("no_such_collective") == []
     for (coll, algo), fn in ALGORITHMS.items():
         suffix = "recursive_doubling" if algo == "recursive_doubling" else algo

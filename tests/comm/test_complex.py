@@ -1,5 +1,6 @@
 """Complex tensors travel as their real views (torch.view_as_real) in every collective, on every algorithm;
-reductions that do not admit complex numbers raise torch's ValueError; sparse tensors raise UnsupportedError.
+reductions that do not admit complex numbers raise torch's ValueError; sparse tensors are summed (as torch's gloo
+does) and refused, with UnsupportedError, for every other op.
 
 Expected values come from closed forms on integer-valued complex inputs (exact in any order).
 """
@@ -11,7 +12,7 @@ from support.worlds import worlds
 
 pytestmark = pytest.mark.skipif(STANDIN, reason="checks zerocomm's algorithms and error types")
 
-ALGORITHMS = ("native", "ring", "tree")
+ALGORITHMS = ("native", "ring", "tree", "shm")
 RUN_TIMEOUT_S = 120.0
 
 
@@ -77,7 +78,7 @@ def complex_cases():
 
 
 def complex_errors():
-    """(type name, message) of MIN/MAX/PRODUCT on complex and of a sparse tensor."""
+    """(type name, message) of MIN/MAX/PRODUCT on complex and of MAX on a sparse tensor."""
     found = {}
     for op in ("MIN", "MAX", "PRODUCT"):
         try:
@@ -86,7 +87,7 @@ def complex_errors():
         except Exception as error:  # noqa: BLE001  (the test asserts the type)
             found[op] = (isinstance(error, ValueError), str(error))
     try:
-        dist.all_reduce(torch.eye(3).to_sparse())
+        dist.all_reduce(torch.eye(3).to_sparse(), dist.ReduceOp.MAX)
         found["sparse"] = None
     except Exception as error:  # noqa: BLE001
         found["sparse"] = (type(error).__name__, str(error))
@@ -111,3 +112,28 @@ def test_complex_refusals(world):
             assert is_value_error and "does not support" in message and "complex" in message, found[op]
         name, message = found["sparse"]
         assert name == "UnsupportedError" and "to_dense" in message, found["sparse"]
+
+
+def sparse_sums():
+    """Rank r's sparse addend has r nonzero rows (rank 0 none), each holding r: row i of the sum is
+    sum(r for r > i); a (n + 1, 3) matrix with one sparse dimension, blocking and async."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    results = []
+    for async_op in (False, True):
+        dense = torch.zeros(n + 1, 3)
+        dense[:r] = r
+        sparse = dense.to_sparse(1)
+        work = dist.all_reduce(sparse, async_op=async_op)
+        if work is not None:
+            work.wait()
+        results.append((sparse.is_sparse, sparse.to_dense().tolist()))
+    return results
+
+
+@pytest.mark.parametrize("world", worlds(sizes=(2, 3)), indirect=True)
+def test_sparse_all_reduce_sum(world):
+    n = world.world_size
+    expected = [[float(sum(r for r in range(n) if r > i))] * 3 for i in range(n + 1)]
+    for rank, results in enumerate(world.run(sparse_sums, timeout=RUN_TIMEOUT_S)):
+        for is_sparse, dense in results:
+            assert is_sparse and dense == expected, (rank, dense, expected)

@@ -266,3 +266,25 @@ def test_state_dict_round_trip_continues_identically(world):
         for call, (a, b) in enumerate(zip(first, resumed)):
             np.testing.assert_array_equal(a, b, err_msg=f"rank {r}, call {call} after the checkpoint")
         np.testing.assert_array_equal(worker, worker_resumed, err_msg=f"rank {r}: worker error")
+
+
+@pytest.mark.parametrize("world", worlds(sizes=(3,)), indirect=True)
+def test_any_inner_algorithm_serves_the_sub_collectives(world):
+    """recursive_doubling has neither all_to_all nor all_gather: the ring serves both (sub_algorithm)."""
+    per_rank = world.run(run_calls, (100, 1027), "float32", "recursive_doubling", 3)
+    _check_against_model(per_rank, (100, 1027), torch.float32, 3)
+
+
+def test_sub_algorithm_falls_back_to_ring_per_collective():
+    from zerocomm.comm.algorithms import ALGORITHMS, ALGORITHM_NAMES, COMPRESSED
+    from zerocomm.comm.algorithms.compressed import SUB_COLLECTIVES, sub_algorithm
+
+    assert sub_algorithm("all_to_all", "native") == sub_algorithm("all_gather", "native") == "native"
+    assert (sub_algorithm("all_to_all", "tree"), sub_algorithm("all_gather", "tree")) == ("ring", "tree")
+    for inner in ALGORITHM_NAMES:
+        if inner in COMPRESSED:
+            continue
+        for collective in SUB_COLLECTIVES:
+            chosen = sub_algorithm(collective, inner)
+            assert chosen == "native" or (collective, chosen) in ALGORITHMS, (collective, inner, chosen)
+            assert chosen in (inner, "ring"), (collective, inner, chosen)

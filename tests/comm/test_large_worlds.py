@@ -13,7 +13,7 @@ from support.worlds import worlds
 
 import zerocomm.comm as dist
 
-ALGORITHMS = ("native", "ring", "tree", "recursive_doubling")
+ALGORITHMS = ("native", "ring", "tree", "recursive_doubling", "shm")
 SIZES = (0, 1, 7, 1000)
 
 

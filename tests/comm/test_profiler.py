@@ -106,3 +106,37 @@ def test_merge_refuses_two_files_of_one_rank(tmp_path):
         merge_chrome_traces([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
     with pytest.raises(FileNotFoundError, match="neither a file nor a prefix"):
         merge_chrome_traces(str(tmp_path / "nothing"))
+
+
+def torch_profiler_events():
+    """What torch's autograd profiler records for zerocomm's calls: (name, is_async, input shapes, count)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    backend = dist.get_backend()
+    with torch.autograd.profiler.profile(record_shapes=True) as prof:
+        dist.all_reduce(torch.ones(3, 3), algorithm="ring")
+        dist.all_reduce(torch.ones(2, 5), algorithm="native", async_op=True).wait()
+        dist.broadcast(torch.ones(4, dtype=torch.complex64), 0)
+        dist.all_gather([torch.empty(2, 2) for _ in range(n)], torch.ones(2, 2))
+        dist.all_reduce_coalesced([torch.ones(2), torch.ones(3, 2)])
+        dist.barrier()
+        if backend == "gloo":  # p2p events are gloo's own (see torch_events.py)
+            peer = (rank + 1) % n
+            work = dist.isend(torch.ones(rank + 1, 3), peer)
+            dist.recv(torch.empty((rank - 1) % n + 1, 3), (rank - 1) % n)
+            work.wait()
+    events = [(e.name, e.is_async, e.input_shapes, e.count) for e in prof.function_events
+              if e.name.startswith(backend + ":")]
+    return {"events": events, "backend": backend, "rank": rank, "n": n}
+
+
+@pytest.mark.parametrize("world", worlds(("gloo", "mpi"), (2, 3)), indirect=True)
+def test_torch_profiler_sees_torch_named_events(world):
+    for result in world.run(torch_profiler_events):
+        b, rank, n = result["backend"], result["rank"], result["n"]
+        expected = [(f"{b}:all_reduce", True, [[3, 3]], 1), (f"{b}:all_reduce", True, [[2, 5]], 1),
+                    (f"{b}:broadcast", True, [[4, 2]], 1), (f"{b}:all_gather", True, [[2, 2]], 1),
+                    (f"{b}:all_reduce", True, [[2], [3, 2]], 1), (f"{b}:barrier", True, [], 1)]
+        if b == "gloo":
+            expected += [("gloo:send", True, [[rank + 1, 3]], 1), ("gloo:recv", True, [[(rank - 1) % n + 1, 3]], 1)]
+        got = result["events"]
+        assert sorted(got, key=repr) == sorted(expected, key=repr), (rank, got)

@@ -33,7 +33,7 @@ from .reference import compare, rank_input, to_torch
 REFUSED = object()
 """What ``Cases.call`` returns when the call was refused with ``UnsupportedError``."""
 
-ALGORITHMS = ("native", "ring", "tree")
+ALGORITHMS = ("native", "ring", "tree", "shm")
 """Explicit ``algorithm=`` values every collective is called with (besides none at all)."""
 
 NATIVE_MAY_REFUSE = {

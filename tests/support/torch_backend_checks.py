@@ -8,6 +8,8 @@ parameter difference after every step.
 """
 from __future__ import annotations
 
+import gc
+
 import torch
 import torch.distributed as td
 
@@ -64,6 +66,13 @@ def _train_pair(make, steps: int = STEPS) -> dict:
         diffs.append(max((_full(a) - _full(b)).abs().max().item()
                          for a, b in zip(ours[0].parameters(), theirs[0].parameters())))
     moved = max((_full(a) - _full(b)).abs().max().item() for a, b in zip(ours[0].parameters(), _model().parameters()))
+    # [Note: teardown order]  The modules go first, then the gloo group.  If a DDP Reducer held the last
+    # reference to torch's ProcessGroupGloo, its destructor (run under the GIL, in a dealloc or a gc pass) would
+    # join gloo's worker threads while one of them waits for the GIL to drop a Python object kept by a finished
+    # work's thread-local state: a deadlock (seen over the MPI transport, about 1 run in 4 at world size 3).
+    # destroy_process_group drops the last reference with the GIL released.
+    del ours, theirs
+    gc.collect()
     td.destroy_process_group(gloo)
     return {"backend": td.get_backend(), "diffs": diffs, "moved": moved,
             "pg": type(td.group.WORLD).__name__}

@@ -10,6 +10,7 @@ ratio to gloo.
 """
 import argparse
 import datetime
+import gc
 import multiprocessing
 import os
 import statistics
@@ -52,6 +53,8 @@ def rank_main(rank: int, world: int, store_path: str, steps: int, algorithms: li
                 times[name].append(time.perf_counter() - start)
     if rank == 0:
         queue.put({name: statistics.median(t) for name, t in times.items()})
+    del runs, optimizers  # before their groups: see the teardown note in tests/support/torch_backend_checks.py
+    gc.collect()
     td.destroy_process_group()
 
 

@@ -1,0 +1,172 @@
+"""One host: the "shm" all_reduce side by side with its peers and with the copy bound.
+
+    zerocomm-bench shm                              # n = 2 and 4, float32, 8 B and 16 MiB
+    zerocomm-bench shm --nprocs 2 --json docs/bench/shm.json
+
+Each world runs under ``mpiexec -n N``; in the same processes, interleaved round by round
+(A B C ... A B C ...), so a load change touches every variant alike:
+
+* MPICH: mpi4py ``Allreduce`` in place on the tensor's memory;
+* torch gloo: ``torch.distributed.all_reduce`` on torch's own gloo group (a FileStore);
+* zerocomm ``algorithm="shm"``, ``"ring"`` and ``"native"`` (over its MPI backend), through the public API;
+* zerocomm shm zero-copy: the tensor comes from ``zerocomm.comm.shared_empty``;
+* the copy bound: one ``copy_`` of S bytes on every rank at once.  An all_reduce must read every
+  rank's input and write every rank's output at least once, so it moves at least what this copy
+  moves; "of bound" is the bound's time over the variant's (1 = at the bound).
+
+Times are per call: ``iters`` calls back to back after warm-up, averaged (nccl-tests' way), the
+median over rounds, the slowest rank.  Timings, not assertions: compare within one run only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = (8, 16 << 20)
+VARIANTS = ("MPICH (mpi4py Allreduce)", "torch gloo", "zerocomm native (mpi)", "zerocomm ring", "zerocomm shm",
+            "zerocomm shm zero-copy", "copy bound (copy_)")
+
+
+def _schedule(nbytes: int) -> tuple[int, int]:
+    """(calls per round, rounds) for a message size."""
+    return (200, 15) if nbytes <= 4096 else (4, 7)
+
+
+def worker(folder: str, out_path: str) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as td
+    from mpi4py import MPI
+
+    import zerocomm.comm as dist
+
+    torch.set_num_threads(1)
+    world = MPI.COMM_WORLD
+    rank, n = world.Get_rank(), world.Get_size()
+    dist.init_process_group("mpi")
+    td.init_process_group("gloo", init_method=f"file://{folder}/torch", rank=rank, world_size=n,
+                          timeout=datetime.timedelta(seconds=300))
+    raw = world.Dup()
+    results = {}
+    for nbytes in SIZES:
+        numel = max(1, nbytes // 4)
+        tensor = torch.ones(numel)
+        shared = dist.shared_empty(numel, torch.float32)
+        shared.fill_(1.0)
+        source, target = torch.ones(numel), torch.empty(numel)
+        array = tensor.numpy()
+        variants = {
+            "MPICH (mpi4py Allreduce)": lambda: raw.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM),
+            "torch gloo": lambda: td.all_reduce(tensor),
+            "zerocomm native (mpi)": lambda: dist.all_reduce(tensor, algorithm="native"),
+            "zerocomm ring": lambda: dist.all_reduce(tensor, algorithm="ring"),
+            "zerocomm shm": lambda: dist.all_reduce(tensor, algorithm="shm"),
+            "zerocomm shm zero-copy": lambda: dist.all_reduce(shared, algorithm="shm"),
+            "copy bound (copy_)": lambda: target.copy_(source),
+        }
+        per_round, rounds = _schedule(nbytes)
+        times = {name: [] for name in variants}
+        for call in variants.values():  # warm-up: arenas, connections, caches
+            for _ in range(3):
+                call()
+        for _ in range(rounds):
+            for name, call in variants.items():
+                raw.Barrier()
+                start = time.perf_counter()
+                for _ in range(per_round):
+                    call()
+                times[name].append((time.perf_counter() - start) / per_round)
+        mine = {name: statistics.median(values) for name, values in times.items()}
+        every = raw.gather(mine, root=0)
+        if rank == 0:
+            results[str(nbytes)] = {name: max(r[name] for r in every) for name in variants}
+    raw.Barrier()
+    td.destroy_process_group()
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out_path, "w") as handle:
+            json.dump(results, handle)
+
+
+def _run_world(n: int) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "out.json")
+        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        subprocess.run([mpiexec if os.path.exists(mpiexec) else "mpiexec", "-n", str(n), sys.executable, "-m",
+                        "zerocomm.benchmarks.shm_bench", "--worker", folder, "--out", path], check=True, timeout=900)
+        with open(path) as handle:
+            return json.load(handle)
+
+
+def _label(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes} B"
+
+
+def table(results: dict) -> str:
+    """The side-by-side tables: µs per call, × faster than gloo and MPICH, fraction of the copy bound."""
+    from tabulate import tabulate
+    lines = []
+    for n, by_size in results.items():
+        for size, times in by_size.items():
+            bound = times["copy bound (copy_)"]
+            rows = []
+            for name in VARIANTS:
+                seconds = times[name]
+                rows.append([name, f"{seconds * 1e6:.1f}", f"{times['torch gloo'] / seconds:.2f}",
+                             f"{times['MPICH (mpi4py Allreduce)'] / seconds:.2f}", f"{bound / seconds:.2f}"])
+            lines.append(f"n={n}, float32 all_reduce of {_label(int(size))} (µs per call, slowest rank)")
+            lines.append(tabulate(rows, headers=["variant", "µs", "× faster than gloo", "× faster than MPICH",
+                                                 "of copy bound"], disable_numparse=True))
+            lines.append("")
+    return "\n".join(lines)
+
+
+HELP = "one host: shm all_reduce beside ring, torch gloo and MPICH, with the copy bound (8 B, 16 MiB)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--nprocs", default="2,4", help="comma-separated world sizes (default: 2,4)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results and the load as JSON")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+
+
+def run(args) -> int:
+    from .options import UsageError
+    if args.worker:
+        worker(args.worker, args.out)
+        return 0
+    try:
+        sizes = [int(x) for x in args.nprocs.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--nprocs must be comma-separated integers, got {args.nprocs!r}") from None
+    if not sizes or min(sizes) < 2:
+        raise UsageError(f"--nprocs: world sizes of at least 2, got {args.nprocs!r}")
+    before = os.getloadavg()
+    results = {str(n): _run_world(n) for n in sizes}
+    after = os.getloadavg()
+    print(table(results))
+    print(f"load average before: {before[0]:.2f} {before[1]:.2f} {before[2]:.2f}, after: {after[0]:.2f} "
+          f"{after[1]:.2f} {after[2]:.2f} ({os.cpu_count()} cores)")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"results": results, "loadavg_before": before, "loadavg_after": after,
+                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, handle, indent=1)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zerocomm.benchmarks.shm_bench", description=HELP)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

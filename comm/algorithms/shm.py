@@ -1,0 +1,377 @@
+"""Single-host schedules over shared memory: the "shm" algorithm of every collective and barrier.
+
+Terms (as in ring.py): a *piece* is what one round moves (at most one slot of the arena,
+``min(segment_bytes, SLOT_BYTES)``); for the reductions a piece is cut into ``n`` balanced
+*slices*, slice ``q`` being reduced by rank ``q``.  Rounds, buffers and syncs are the arena's
+(comm/shm.py, "steps and buffers"): round ``k`` writes this rank's slot of buffer ``k % 3``
+before a sync and peers read it after; a sync is a barrier through step words in shared memory,
+not a message.  Every function takes any :class:`~zerocomm.comm.transport.Transport` whose ranks
+share a host (gloo, MPI, an intra-host sub-communicator); the transport itself moves bytes only
+once, when the arena is made (the segment's name).
+
+all_reduce (the schedule of DeepSpeed's CPU shm all_reduce, pipelined):
+  * small (at most ``SMALL_BYTES``): every rank copies its input into its slot; one sync; every
+    rank reduces all slots, in rank order, straight into its tensor (identical bits everywhere).
+  * large, round ``k`` over piece ``k``: *copy-in* the slices peers will reduce (this rank's own
+    slice is read from its input where it lies); sync; *reduce*: rank ``r`` combines slice ``r``
+    of every rank's piece into its slot (one pass: ``out = mine (op) first peer``, then in place);
+    sync; *copy-out*: every rank copies the ``n`` reduced slices into its tensor.  Software-
+    pipelined, phase ``j`` runs copy-out ``j-2``, reduce ``j-1`` and copy-in ``j``: one sync a round.
+  * zero-copy: a rank whose tensor lives in a heap (``comm.shm.shared_empty``) publishes where, and
+    peers read it in place (no copy-in; the reduced slice is written into the tensor itself); a
+    final sync keeps every tensor unchanged until no peer reads it any more.
+reduce: large all_reduce's schedule without the heap, only the root copies out.
+reduce_scatter: round ``k`` copies piece ``k`` of every other rank's chunk in; sync; rank ``r``
+  combines piece ``k`` of chunk ``r`` from every slot straight into its output.
+broadcast / scatter / all_gather / gather / all_to_all: writers copy piece ``k`` into their slot
+  (scatter, all_to_all: one region per destination); sync; readers copy it out.  One sync a round.
+barrier: one sync.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from ...ops.reduce import KERNELS, KERNELS_OUT
+from .. import shm
+from ..transport import Transport
+
+#: all_reduce / reduce of at most this many bytes: one round, one sync, every rank reduces everything.
+SMALL_BYTES = 16 << 10
+
+
+def _bounds(numel: int, parts: int) -> list[tuple[int, int]]:
+    base, extra = divmod(numel, parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + base + (i < extra)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def _piece_bytes(a: shm.Arena, segment_bytes: int) -> int:
+    return max(1, min(segment_bytes, a.slot_bytes))
+
+
+def _finalize(buf: torch.Tensor, op: str, n: int) -> None:
+    if op == "avg" and n > 1:
+        buf.div_(n)
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The flat contiguous ``tensor``'s bytes (an empty tensor may carry any stride: a fresh empty view)."""
+    if tensor.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return tensor.view(-1).view(torch.uint8)
+
+
+# -- reductions ----------------------------------------------------------------------------------------
+
+def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, deadline, what: str) -> None:
+    """One round: copy in, sync, reduce every slot in rank order into ``tensor`` where ``out_ranks``."""
+    k = a.round
+    a.round += 1
+    slots = a.slots(k, tensor.dtype, tensor.numel())
+    slots[a.rank].copy_(tensor)
+    a.sync(deadline, what)
+    if not out_ranks:
+        return
+    KERNELS_OUT[op](slots[0], slots[1], out=tensor)
+    combine = KERNELS[op]
+    for p in range(2, a.n):
+        combine(tensor, slots[p])
+    _finalize(tensor, op, a.n)
+
+
+def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, copy_out: bool, zero_copy: bool,
+                      deadline, segment_bytes: int, what: str) -> None:
+    """The large schedule (module docstring); ``copy_out``: this rank wants the result in ``tensor``."""
+    n, r, dtype, es = a.n, a.rank, tensor.dtype, tensor.element_size()
+    numel = tensor.numel()
+    piece = max(1, _piece_bytes(a, segment_bytes) // es)
+    rounds = -(-numel // piece)
+    first = a.round
+    a.round += rounds
+    parity = a.begin()
+    heap, offset = shm.heap_slot(t, tensor) if zero_copy else (-1, 0)
+    a.publish(parity, 0, heap)
+    a.publish(parity, 1, offset)
+    peers_heap: list = [None] * n  # rank p's whole tensor, where it lies in a heap (known after the first sync)
+    slices = {}
+
+    def cut(k: int) -> tuple[int, int, list]:
+        lo = k * piece
+        hi = min(numel, lo + piece)
+        parts = slices.get(hi - lo)
+        if parts is None:
+            parts = slices[hi - lo] = _bounds(hi - lo, n)
+        return lo, hi, parts
+
+    def source(k: int, p: int) -> torch.Tensor:
+        """Piece ``k`` of rank ``p``'s input as this rank can read it (a heap in place, else p's slot)."""
+        lo, hi, _ = cut(k)
+        whole = peers_heap[p]
+        return whole[lo:hi] if whole is not None else a.slot(first + k, p, dtype)[:hi - lo]
+
+    def copy_in(k: int) -> None:
+        if heap >= 0:
+            return
+        lo, hi, parts = cut(k)
+        slot = a.slot(first + k, r, dtype)
+        for q, (s, e) in enumerate(parts):
+            if q != r and e > s:
+                slot[s:e].copy_(tensor[lo + s:lo + e])
+
+    def reduce(k: int) -> None:
+        lo, hi, parts = cut(k)
+        s, e = parts[r]
+        if e == s:
+            return
+        peers = [p for p in range(n) if p != r]
+        mine = tensor[lo + s:lo + e]
+        dst = mine if heap >= 0 else a.slot(first + k, r, dtype)[s:e]
+        KERNELS_OUT[op](mine, source(k, peers[0])[s:e], out=dst)
+        combine = KERNELS[op]
+        for p in peers[1:]:
+            combine(dst, source(k, p)[s:e])
+        _finalize(dst, op, n)
+
+    def copy_back(k: int) -> None:
+        lo, hi, parts = cut(k)
+        for q, (s, e) in enumerate(parts):
+            if e > s and not (q == r and heap >= 0):
+                tensor[lo + s:lo + e].copy_(source(k, q)[s:e])
+
+    for phase in range(rounds + 2):
+        if copy_out and 0 <= phase - 2:
+            copy_back(phase - 2)
+        if 0 <= phase - 1 < rounds:
+            reduce(phase - 1)
+        if phase < rounds:
+            copy_in(phase)
+        if phase <= rounds:
+            a.sync(deadline, what)
+        if phase == 0:
+            for p in range(n):
+                index = a.peer_word(parity, p, 0)
+                if index >= 0:
+                    peers_heap[p] = shm.heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
+    if any(whole is not None for whole in peers_heap):
+        a.sync(deadline, what)  # no rank returns (and lets its tensor change) while a peer still reads it
+
+
+def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, deadline: Optional[float],
+                   segment_bytes: int) -> None:
+    """Reduce the flat ``tensor`` across all ranks in place, through shared memory (every rank calls it).
+
+    Up to ``SMALL_BYTES``: one sync.  Larger: pipelined in pieces of ``min(segment_bytes, SLOT_BYTES)``,
+    one sync a round; tensors from ``shared_empty`` on every rank are read in place (zero-copy).
+    Every rank ends with the same bits.  ``UnsupportedError`` if the ranks are not on one host.
+    """
+    n = t.size
+    if n == 1 or tensor.numel() == 0:
+        _finalize(tensor, op, n)
+        return
+    a = shm.arena(t, tag=tag, deadline=deadline)
+    what = f"all_reduce (tag {tag})"
+    if tensor.numel() * tensor.element_size() <= min(SMALL_BYTES, a.slot_bytes):
+        _reduce_small(a, tensor, op, True, deadline, what)
+    else:
+        _reduce_pipelined(t, a, tensor, op, True, True, deadline, segment_bytes, what)
+
+
+def reduce_shm(t: Transport, tensor: torch.Tensor, op: str, root: int, *, tag: int, deadline: Optional[float],
+               segment_bytes: int) -> None:
+    """Reduce the flat ``tensor`` into ``root``'s; other ranks' tensors are left unchanged."""
+    n = t.size
+    if n == 1 or tensor.numel() == 0:
+        _finalize(tensor, op, n)
+        return
+    a = shm.arena(t, tag=tag, deadline=deadline)
+    what = f"reduce (tag {tag})"
+    if tensor.numel() * tensor.element_size() <= min(SMALL_BYTES, a.slot_bytes):
+        _reduce_small(a, tensor, op, t.rank == root, deadline, what)
+    else:
+        _reduce_pipelined(t, a, tensor, op, t.rank == root, False, deadline, segment_bytes, what)
+
+
+def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, op: str, *, tag: int,
+                       deadline: Optional[float], segment_bytes: int) -> None:
+    """Rank ``r``'s ``output`` (``m`` elements) ← chunk ``r`` of the reduction of every rank's ``input`` (``n*m``).
+
+    ``output`` may be ``input``'s own chunk ``r`` (in place); ``input`` is not modified otherwise.
+    """
+    n, r, m = t.size, t.rank, output.numel()
+    if n == 1:
+        if output.data_ptr() != input.data_ptr():
+            output.copy_(input)
+        _finalize(output, op, n)
+        return
+    if m == 0:
+        return
+    a = shm.arena(t, tag=tag, deadline=deadline)
+    what = f"reduce_scatter (tag {tag})"
+    dtype = input.dtype
+    piece = max(1, _piece_bytes(a, segment_bytes) // input.element_size() // n)
+    rounds = -(-m // piece)
+    first = a.round
+    a.round += rounds
+    combine = KERNELS[op]
+    peers = [p for p in range(n) if p != r]
+    for k in range(rounds):
+        lo, hi = k * piece, min(m, (k + 1) * piece)
+        mine = a.slot(first + k, r, dtype)
+        for q in peers:
+            mine[q * piece:q * piece + hi - lo].copy_(input[q * m + lo:q * m + hi])
+        a.sync(deadline, what)
+        region = slice(r * piece, r * piece + hi - lo)
+        out = output[lo:hi]
+        KERNELS_OUT[op](input[r * m + lo:r * m + hi], a.slot(first + k, peers[0], dtype)[region], out=out)
+        for p in peers[1:]:
+            combine(out, a.slot(first + k, p, dtype)[region])
+    _finalize(output, op, n)
+
+
+# -- data movement -----------------------------------------------------------------------------------
+
+def _rounds(a: shm.Arena, nbytes: int, piece: int) -> tuple[int, int]:
+    rounds = -(-nbytes // piece)
+    first = a.round
+    a.round += rounds
+    return first, rounds
+
+
+def broadcast_shm(t: Transport, tensor: torch.Tensor, root: int, *, tag: int, deadline: Optional[float],
+                  segment_bytes: int) -> None:
+    """Copy ``root``'s flat ``tensor`` into every rank's: the root writes a piece, a sync, the rest read it."""
+    if t.size == 1 or tensor.numel() == 0:
+        return
+    a = shm.arena(t, tag=tag, deadline=deadline)
+    data, r = _bytes(tensor), t.rank
+    piece = _piece_bytes(a, segment_bytes)
+    first, rounds = _rounds(a, data.numel(), piece)
+    for k in range(rounds):
+        lo, hi = k * piece, min(data.numel(), (k + 1) * piece)
+        if r == root:
+            a.slot(first + k, root)[:hi - lo].copy_(data[lo:hi])
+        a.sync(deadline, f"broadcast (tag {tag})")
+        if r != root:
+            data[lo:hi].copy_(a.slot(first + k, root)[:hi - lo])
+
+
+def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, readers: Sequence[int], tag: int,
+            deadline, segment_bytes: int, what: str) -> None:
+    """Every rank's ``input`` (``m`` bytes) into chunk ``rank`` of ``output`` on the ``readers``."""
+    n, r = t.size, t.rank
+    src = _bytes(input)
+    m = src.numel()
+    out = _bytes(output) if r in readers else None
+    if out is not None and out[r * m:].data_ptr() != src.data_ptr():
+        out[r * m:(r + 1) * m].copy_(src)
+    if n == 1 or m == 0:
+        return
+    a = shm.arena(t, tag=tag, deadline=deadline)
+    piece = _piece_bytes(a, segment_bytes)
+    first, rounds = _rounds(a, m, piece)
+    for k in range(rounds):
+        lo, hi = k * piece, min(m, (k + 1) * piece)
+        a.slot(first + k, r)[:hi - lo].copy_(src[lo:hi])
+        a.sync(deadline, what)
+        if out is not None:
+            for p in range(n):
+                if p != r:
+                    out[p * m + lo:p * m + hi].copy_(a.slot(first + k, p)[:hi - lo])
+
+
+def all_gather_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, *, tag: int, deadline: Optional[float],
+                   segment_bytes: int) -> None:
+    """``output`` (``n*m``) ← every rank's ``input`` (``m``) in rank order; ``input`` may be chunk ``rank``."""
+    _gather(t, output, input, range(t.size), tag, deadline, segment_bytes, f"all_gather (tag {tag})")
+
+
+def gather_shm(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, root: int, *, tag: int,
+               deadline: Optional[float], segment_bytes: int) -> None:
+    """``root``'s ``output`` (``n*m``) ← every rank's ``input`` (``m``); ``output`` is ``None`` elsewhere."""
+    _gather(t, output, input, (root,), tag, deadline, segment_bytes, f"gather (tag {tag})")
+
+
+def scatter_shm(t: Transport, output: torch.Tensor, input: Optional[torch.Tensor], root: int, *, tag: int,
+                deadline: Optional[float], segment_bytes: int) -> None:
+    """Rank ``r``'s ``output`` (``m``) ← chunk ``r`` of ``root``'s ``input`` (``n*m``; ``None`` elsewhere)."""
+    n, r = t.size, t.rank
+    out = _bytes(output)
+    m = out.numel()
+    src = _bytes(input) if r == root else None
+    if src is not None and src[r * m:].data_ptr() != out.data_ptr():
+        out.copy_(src[r * m:(r + 1) * m])
+    if n == 1 or m == 0:
+        return
+    a = shm.arena(t, tag=tag, deadline=deadline)
+    piece = max(1, _piece_bytes(a, segment_bytes) // n)
+    first, rounds = _rounds(a, m, piece)
+    for k in range(rounds):
+        lo, hi = k * piece, min(m, (k + 1) * piece)
+        if src is not None:
+            slot = a.slot(first + k, root)
+            for p in range(n):
+                if p != root:
+                    slot[p * piece:p * piece + hi - lo].copy_(src[p * m + lo:p * m + hi])
+        a.sync(deadline, f"scatter (tag {tag})")
+        if r != root:
+            out[lo:hi].copy_(a.slot(first + k, root)[r * piece:r * piece + hi - lo])
+
+
+def _offsets(counts: Sequence[int]) -> list[int]:
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
+
+
+def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_counts: Sequence[int],
+                   in_counts: Sequence[int], *, tag: int, deadline: Optional[float], segment_bytes: int) -> None:
+    """``in_counts[j]`` elements of ``input`` go to rank ``j``; rank ``j``'s ``out_counts[j]`` land in ``output``.
+
+    Each round every rank writes piece ``k`` of each block into its slot's region for the block's
+    destination; the number of rounds is agreed at the first sync (the largest block of any rank).
+    """
+    n, r, es = t.size, t.rank, input.element_size()
+    out, src = _bytes(output), _bytes(input)
+    out_at = [o * es for o in _offsets(out_counts)]
+    in_at = [o * es for o in _offsets(in_counts)]
+    out[out_at[r]:out_at[r] + out_counts[r] * es].copy_(src[in_at[r]:in_at[r] + in_counts[r] * es])
+    if n == 1:
+        return
+    a = shm.arena(t, tag=tag, deadline=deadline)
+    what = f"all_to_all (tag {tag})"
+    piece = max(1, _piece_bytes(a, segment_bytes) // n)
+    parity = a.begin()
+    a.publish(parity, 0, max((in_counts[j] * es for j in range(n) if j != r), default=0))
+    rounds, k = 1, 0
+    while k < rounds:
+        index = a.round
+        a.round += 1
+        slot = a.slot(index, r)
+        lo = k * piece
+        for j in range(n):
+            hi = min(in_counts[j] * es, lo + piece)
+            if j != r and hi > lo:
+                slot[j * piece:j * piece + hi - lo].copy_(src[in_at[j] + lo:in_at[j] + hi])
+        a.sync(deadline, what)
+        if k == 0:
+            rounds = max(1, math.ceil(max(a.peer_word(parity, p, 0) for p in range(n)) / piece))
+        for j in range(n):
+            hi = min(out_counts[j] * es, lo + piece)
+            if j != r and hi > lo:
+                out[out_at[j] + lo:out_at[j] + hi].copy_(a.slot(index, j)[r * piece:r * piece + hi - lo])
+        k += 1
+
+
+def barrier_shm(t: Transport, *, tag: int, deadline: Optional[float], segment_bytes: int) -> None:
+    """Return once every rank has entered: one sync through the step words."""
+    if t.size > 1:
+        shm.arena(t, tag=tag, deadline=deadline).sync(deadline, f"barrier (tag {tag})")

@@ -1,0 +1,463 @@
+"""Shared memory between the ranks of a communicator that share a host: the arena and the heaps.
+
+An *arena* is one segment mapped by every rank of a communicator, made at the first "shm" call
+and kept on the backend object (``t._zerocomm_shm``) until the backend's ``close()``.  Layout::
+
+    n control lines of LINE bytes (rank p's line is written only by rank p)
+        u32 arrive      the last step rank p reached (a futex word)
+        u32 sleeping    1 while some rank may sleep on p's ``arrive``
+        u32 pid, u32 pid namespace     for the liveness check of a waiting peer
+        i64 x 4, twice  per-call words (``publish``/``peer_word``), by call parity
+    3 buffers x n slots of ``slot_bytes``   round ``k`` of any collective uses buffer ``k % 3``
+
+[Note: steps and buffers]  Every rank calls the same collectives in the same order, so every
+rank passes the same sequence of *steps*.  ``sync()`` is a barrier: this rank stores its next
+step in its ``arrive`` word and waits until every peer's word reaches it — a flag per step
+instead of a message.  A collective runs in *rounds*; round ``k`` writes only buffer ``k % 3``
+of this rank's slot before a sync and reads peers' slots of buffer ``k % 3`` after it, until the
+sync after the next.  Three buffers let a schedule overlap round ``k``'s reads with round
+``k+1``'s writes with one sync per round, and let a call start writing before its peers have
+finished reading the previous call's last round.  Rules every schedule keeps: before its first
+sync a call writes only its first round's buffer; after its last sync it reads only its last
+round's buffer.  Per-call words alternate between two sets by call parity for the same reason.
+
+[Note: waiting]  A waiter spins briefly (yielding the core: ranks are oversubscribed), then
+sets the peer's ``sleeping`` word and sleeps on its ``arrive`` word with ``FUTEX_WAIT``; the peer
+wakes it after storing a step if ``sleeping`` is set.  Sleeps last at most ``SLEEP_SLICE_S`` so
+the waiter checks the deadline (``TimeoutError``) and whether the peer process still exists
+(``PeerFailure``: a rank killed while others wait is reported, not waited for).
+
+[Note: nothing left behind]  A segment's name lives in ``/dev/shm`` only between its creation
+by rank 0 and the moment every rank has mapped it (rank 0 unlinks it then, and in a ``finally``
+on any failure).  A process killed inside that window leaves a file named
+``zerocomm-<pid>-...``; the next arena or heap made on the host removes those whose creator
+process is gone.  Mappings end when the last tensor viewing them is freed.
+
+*Heaps* are segments for tensors that live in shared memory from the start
+(:func:`shared_empty`): all ranks of a group allocate one together, each gets its own region,
+and a zero-copy "shm" all_reduce reads peers' regions in place instead of copying them in.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import secrets
+import select
+import threading
+import time
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import topology
+from .errors import UnsupportedError
+from .transport import PeerFailure, Transport
+
+#: Where segments are created (a tmpfs on Linux).
+SHM_DIR = "/dev/shm"
+#: Segment names start with this, then the creator's pid: ``zerocomm-<pid>-<random>``.
+PREFIX = "zerocomm-"
+#: Bytes of one rank's control line (two cache lines: no false sharing between ranks' words).
+LINE = 128
+#: Bytes of one rank's slot in one of the three round buffers (pieces of a message are at most this).
+SLOT_BYTES = 2 << 20
+#: Alignment of slots and heap regions (a cache line; every dtype's element size divides it).
+ALIGN = 64
+#: Seconds a waiter polls a peer's step word before sleeping, yielding the core between polls (another
+#: runnable process takes it; an idle core comes straight back): a futex sleep and wake costs tens of µs.
+SPIN_S = 50e-6
+#: Longest single sleep: how often a waiter re-checks its deadline and the peer's liveness.
+SLEEP_SLICE_S = 0.02
+#: Bytes of a segment name as exchanged.
+_NAME_BYTES = 64
+
+_MASK = 0xFFFFFFFF
+_WORDS = LINE // 4  # u32 words per line
+_ARRIVE, _SLEEPING, _PID, _PIDNS = 0, 1, 2, 3
+_PER_CALL = 2  # i64 index within the line where the per-call words start (byte 16)
+PER_CALL_WORDS = 4
+
+_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _futex_wait(address: int, expected: int, seconds: float) -> None:
+    """Sleep while the u32 at ``address`` equals ``expected``, at most ``seconds`` (wakes early are fine)."""
+    if _FUTEX is None:  # no futex number for this machine: a short sleep instead
+        time.sleep(min(seconds, 1e-4))
+        return
+    whole = int(seconds)
+    spec = _Timespec(whole, int((seconds - whole) * 1e9))
+    _syscall(_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint32(expected), ctypes.byref(spec), None, 0)
+
+
+def _futex_wake(address: int) -> None:
+    if _FUTEX is not None:
+        _syscall(_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino & _MASK
+    except OSError:
+        return 0
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+# -- segments: create, map, exchange the name, unlink -------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def sweep_stale(directory: str = SHM_DIR) -> list:
+    """Remove zerocomm segments left by processes that no longer exist (a ``kill -9`` inside the
+    short window between creation and unlink); returns the names removed."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        pid = name[len(PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
+def _map(path: str, nbytes: int, create: bool) -> mmap.mmap:
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, nbytes)
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def _wait(req, deadline: Optional[float]) -> None:
+    req.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+def map_together(t: Transport, nbytes: int, *, tag: int, deadline: Optional[float]) -> mmap.mmap:
+    """One segment of ``nbytes`` (zero-filled) mapped by every rank of ``t``; its name is gone from
+    ``/dev/shm`` when this returns.  Every rank calls it together with the call's ``tag``.
+
+    Rank 0 creates the file and sends its name to every peer; each peer maps it and answers; rank 0
+    unlinks it once all have answered (or on any failure).
+    """
+    name = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
+    if t.rank == 0:
+        sweep_stale()
+        path = os.path.join(SHM_DIR, f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
+        try:
+            mm = _map(path, nbytes, create=True)
+            encoded = path.encode()
+            name[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+            sends = [t.isend(name, peer, tag) for peer in range(1, t.size)]
+            acks = [torch.zeros(1, dtype=torch.uint8) for _ in range(1, t.size)]
+            recvs = [t.irecv(ack, peer, tag) for peer, ack in zip(range(1, t.size), acks)]
+            for req in sends + recvs:
+                _wait(req, deadline)
+        finally:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        failed = [peer for peer, ack in zip(range(1, t.size), acks) if int(ack) != 1]
+        if failed:
+            raise UnsupportedError(f"rank {t.rank}: shm: ranks {failed} could not map {path} although they report "
+                                   f"the same host; set {topology.HOST_ENV} per shared /dev/shm, or use "
+                                   f"algorithm='ring'")
+        return mm
+    _wait(t.irecv(name, 0, tag), deadline)
+    path = bytes(name.tolist()).rstrip(b"\0").decode()
+    ack = torch.ones(1, dtype=torch.uint8)
+    try:
+        mm = _map(path, nbytes, create=False)
+    except OSError as error:
+        ack.zero_()
+        _wait(t.isend(ack, 0, tag), deadline)
+        raise UnsupportedError(f"rank {t.rank}: shm: cannot map rank 0's segment {path} ({error}) although it "
+                               f"reports the same host; set {topology.HOST_ENV} per shared /dev/shm, or use "
+                               f"algorithm='ring'") from None
+    _wait(t.isend(ack, 0, tag), deadline)
+    return mm
+
+
+def check_one_host(t: Transport, *, tag: int, deadline: Optional[float], what: str = "shm") -> None:
+    """Raise ``UnsupportedError`` unless every rank of ``t`` is on this rank's host (learnt once, cached)."""
+    names = topology.hosts(t, tag=tag, deadline=deadline)
+    if len(set(names)) > 1:
+        spread = ", ".join(f"{h} (ranks {[r for r, x in enumerate(names) if x == h]})" for h in dict.fromkeys(names))
+        raise UnsupportedError(f"rank {t.rank}: {what} needs every rank of the group on one host, but they run on "
+                               f"{spread}; use algorithm='hierarchical' (shared memory within each host) or "
+                               f"algorithm='ring'")
+
+
+# -- the arena --------------------------------------------------------------------------------------
+
+class Arena:
+    """The shared segment of one communicator; see the module notes.  Not thread-safe: the group runs
+    one collective at a time.
+
+    Attributes:
+        n, rank: the communicator's size and this rank.
+        slot_bytes: bytes of one slot (the most one rank puts in one round).
+        round: the next round's number (its buffer is ``round % 3``); schedules advance it.
+    """
+
+    def __init__(self, mm: mmap.mmap, n: int, rank: int, slot_bytes: int):
+        self.n, self.rank, self.slot_bytes = n, rank, slot_bytes
+        self._mm = mm
+        self.raw = torch.frombuffer(mm, dtype=torch.uint8)
+        self._u32 = np.frombuffer(mm, dtype=np.uint32, count=n * _WORDS)
+        self._i64 = np.frombuffer(mm, dtype=np.int64, count=n * LINE // 8)
+        self._base = self.raw.data_ptr()
+        self._data = _aligned(n * LINE)
+        self.step = 0
+        self.round = 0
+        self.calls = 0
+        self._views: dict = {}
+        self._pidfds: dict = {}
+        self._fence = threading.Lock()
+        self._namespace = _pid_namespace()
+        me = rank * _WORDS
+        self._u32[me + _PID] = os.getpid()
+        self._u32[me + _PIDNS] = self._namespace
+
+    @staticmethod
+    def nbytes(n: int, slot_bytes: int) -> int:
+        return _aligned(n * LINE) + 3 * n * slot_bytes
+
+    # -- slots ------------------------------------------------------------------------------------
+    def slot(self, k: int, p: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        """Rank ``p``'s slot in the buffer of round ``k``, as a flat tensor of ``dtype`` (cached views)."""
+        key = (k % 3, p, dtype)
+        view = self._views.get(key)
+        if view is None:
+            start = self._data + ((k % 3) * self.n + p) * self.slot_bytes
+            view = self.raw[start:start + self.slot_bytes].view(dtype)
+            self._views[key] = view
+        return view
+
+    def slots(self, k: int, dtype: torch.dtype, numel: int) -> list:
+        """Every rank's first ``numel`` elements of its slot in round ``k``'s buffer (cached: small calls repeat)."""
+        key = (k % 3, dtype, numel)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) > 512:  # many distinct sizes: start over rather than grow without bound
+                self._views.clear()
+            views = self._views[key] = [self.slot(k, p, dtype)[:numel] for p in range(self.n)]
+        return views
+
+    # -- per-call words ---------------------------------------------------------------------------
+    def begin(self) -> int:
+        """Start a call: returns its parity (which set of per-call words it uses)."""
+        self.calls += 1
+        return self.calls & 1
+
+    def publish(self, parity: int, index: int, value: int) -> None:
+        """Set this rank's per-call word ``index`` (before the call's first sync)."""
+        self._i64[self.rank * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS + index] = value
+
+    def peer_word(self, parity: int, p: int, index: int) -> int:
+        """Rank ``p``'s per-call word ``index`` (after the call's first sync, before its second)."""
+        return int(self._i64[p * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS + index])
+
+    # -- steps ------------------------------------------------------------------------------------
+    def sync(self, deadline: Optional[float], what: str) -> None:
+        """Barrier of all ranks through the step words: store the next step, wait for every peer's."""
+        step = self.step = (self.step + 1) & _MASK
+        u32 = self._u32
+        me = self.rank * _WORDS
+        u32[me + _ARRIVE] = step
+        with self._fence:  # a locked instruction: the store above is visible before `sleeping` is read
+            pass
+        if u32[me + _SLEEPING]:
+            u32[me + _SLEEPING] = 0
+            _futex_wake(self._base + 4 * (me + _ARRIVE))
+        for p in range(self.n):
+            if p != self.rank and not self._reached(p, step):
+                self._wait_for(p, step, deadline, what)
+
+    def _reached(self, p: int, step: int) -> bool:
+        return ((int(self._u32[p * _WORDS + _ARRIVE]) - step) & _MASK) < 0x80000000
+
+    def _wait_for(self, p: int, step: int, deadline: Optional[float], what: str) -> None:
+        until = time.perf_counter() + SPIN_S
+        while True:
+            if self._reached(p, step):
+                return
+            if time.perf_counter() > until:
+                break
+            os.sched_yield()
+        word = p * _WORDS + _ARRIVE
+        address = self._base + 4 * word
+        while True:
+            self._u32[p * _WORDS + _SLEEPING] = 1
+            seen = int(self._u32[word])
+            if ((seen - step) & _MASK) < 0x80000000:
+                return
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise TimeoutError(f"{what}: shared-memory step {step} from rank {p}")
+            _futex_wait(address, seen, SLEEP_SLICE_S if deadline is None else min(SLEEP_SLICE_S, deadline - now))
+            if not self._reached(p, step) and not self._peer_alive(p):
+                raise PeerFailure(f"{what}: rank {p} (pid {int(self._u32[p * _WORDS + _PID])}) exited while this "
+                                  f"rank waited for its shared-memory step {step}", peer=p)
+
+    def _peer_alive(self, p: int) -> bool:
+        """False once rank ``p``'s process has exited (only checkable within one pid namespace)."""
+        pid = int(self._u32[p * _WORDS + _PID])
+        if pid == 0 or int(self._u32[p * _WORDS + _PIDNS]) != self._namespace or pid == os.getpid():
+            return True
+        fd = self._pidfds.get(pid)
+        if fd is None:
+            try:
+                fd = self._pidfds[pid] = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return False
+            except (OSError, AttributeError):
+                return _alive(pid)
+        readable, _, _ = select.select([fd], [], [], 0)
+        return not readable
+
+    def close(self) -> None:
+        """Close the liveness handles and drop the views; the mapping ends with its last tensor."""
+        for fd in self._pidfds.values():
+            os.close(fd)
+        self._pidfds.clear()
+        self._views.clear()
+
+
+def _home(t: Transport) -> Transport:
+    """The backend object itself: a wrapper that delegates to one (the byte counter's ``_inner``) must not
+    keep an arena of its own, or observed and unobserved calls would use different segments."""
+    return t.__dict__.get("_inner", t)
+
+
+def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
+    """The arena of communicator ``t``, made by its first caller (every rank, same ``tag``) and cached on ``t``.
+
+    Raises ``UnsupportedError`` (the same on every rank) when the ranks are not all on one host.
+    """
+    known = getattr(t, "_zerocomm_shm", None)
+    if known is not None:
+        return known
+    check_one_host(t, tag=tag, deadline=deadline)
+    mm = map_together(t, Arena.nbytes(t.size, SLOT_BYTES), tag=tag, deadline=deadline)
+    made = Arena(mm, t.size, t.rank, SLOT_BYTES)
+    _home(t)._zerocomm_shm = made
+    return made
+
+
+# -- heaps: tensors that live in shared memory from the start -------------------------------------------
+
+class Heap(NamedTuple):
+    """One segment of ``n`` regions of ``stride`` bytes; region ``p`` belongs to rank ``p``."""
+
+    raw: torch.Tensor
+    stride: int
+
+
+def allocate_heap(t: Transport, nbytes: int, *, tag: int, deadline: Optional[float]) -> Optional[torch.Tensor]:
+    """This rank's ``nbytes``-byte uint8 region of a new heap of ``t`` (every rank calls it together), or
+    ``None`` when the ranks are not all on one host."""
+    names = topology.hosts(t, tag=tag, deadline=deadline)
+    if len(set(names)) > 1:
+        return None
+    stride = _aligned(max(nbytes, 1))
+    mm = map_together(t, t.size * stride, tag=tag, deadline=deadline)
+    heap = Heap(torch.frombuffer(mm, dtype=torch.uint8), stride)
+    heaps = _home(t).__dict__.setdefault("_zerocomm_heaps", [])
+    heaps.append(heap)
+    start = t.rank * stride
+    return heap.raw[start:start + nbytes]
+
+
+def heap_slot(t: Transport, tensor: torch.Tensor) -> tuple[int, int]:
+    """``(heap index, byte offset)`` of ``tensor``'s data in this rank's region of a heap of ``t``, or ``(-1, 0)``."""
+    heaps = getattr(t, "_zerocomm_heaps", None)
+    if not heaps:
+        return -1, 0
+    ptr = tensor.data_ptr()
+    end = ptr + tensor.numel() * tensor.element_size()
+    for index, heap in enumerate(heaps):
+        lo = heap.raw.data_ptr() + t.rank * heap.stride
+        if lo <= ptr and end <= lo + heap.stride:
+            return index, ptr - lo
+    return -1, 0
+
+
+def heap_view(t: Transport, index: int, p: int, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rank ``p``'s ``numel`` elements of ``dtype`` at byte ``offset`` of its region of heap ``index``."""
+    heap = t._zerocomm_heaps[index]
+    start = p * heap.stride + offset
+    return heap.raw[start:start + numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
+
+
+def release(t: Transport) -> None:
+    """Forget ``t``'s arena and heaps (the backend's ``close()`` calls it).  Tensors the user still holds
+    from :func:`shared_empty` stay valid: a mapping ends with the last tensor viewing it."""
+    made = t.__dict__.pop("_zerocomm_shm", None)
+    if made is not None:
+        made.close()
+    t.__dict__.pop("_zerocomm_heaps", None)
+
+
+def shared_empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32, group=None) -> torch.Tensor:
+    """A new uninitialized CPU tensor in shared memory that the group's ranks can read in place.
+
+    Every rank of ``group`` (default: the world) calls it together, in the same order relative to
+    the group's collectives, with its own ``shape`` (usually the same on every rank).  A "shm"
+    all_reduce of tensors made here on every rank reads peers' data in place: no copy into a
+    shared buffer first (zero-copy).  When the group's ranks are not all on one host it returns an
+    ordinary ``torch.empty`` tensor, so callers need not ask.  The memory is freed when the tensor
+    and the group are both gone; nothing is left in ``/dev/shm``.
+    """
+    from .validate import Call, resolve_group
+
+    g = resolve_group(group, "shared_empty")
+    if not g.on_cpu:
+        raise UnsupportedError(f"rank {g.my_global_rank}: shared_empty: backend {g.backend!r} moves "
+                               f"{g.device_type} tensors; shared memory holds CPU tensors (use gloo or mpi)")
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    made: list = []
+
+    def allocate(t, *, tag, deadline, segment_bytes):
+        made.append(allocate_heap(t, nbytes, tag=tag, deadline=deadline))
+
+    g.run(Call("barrier", g, (), None, -1, "shm", allocate, None, False, None, (), (), 0, 0, torch.uint8))
+    region = made[0]
+    if region is None:
+        return torch.empty(shape, dtype=dtype)
+    return region.view(dtype).view(shape)

@@ -1,0 +1,134 @@
+"""The "shm" algorithm and its arena, on the in-process fabric (ranks as threads of one process).
+
+Threads of one process share a host, so the arena is real: a /dev/shm segment mapped once per
+rank, step words waited on with futexes.  Covered here: every collective at world sizes 1-8
+(non-powers of two, uneven chunks, empty tensors, multi-piece messages through tiny segments),
+zero-copy inputs from heaps (every rank, and some ranks only), ranks on several hosts refused
+with the alternatives named, a missing peer timing out, stale segments swept, selection rules.
+The real multi-process suites (gloo, MPI) run "shm" in tests/comm/test_collectives.py and
+test_data_movement.py; a rank killed with SIGKILL is in tests/comm/test_shm_faults.py.
+"""
+import os
+import time
+
+import pytest
+import torch
+
+from support import collective_checks as checks
+from support.local_transport import run_ranks
+from support.references import assert_matches, rank_values, reference, to_torch
+from zerocomm.comm import UnsupportedError, shm, topology
+from zerocomm.comm.algorithms import ALGORITHMS
+from zerocomm.comm.backends.gloo import GlooBackend
+from zerocomm.comm.select import rule
+
+SIZES = range(1, 9)
+SMALL_SEGMENT = 24  # bytes: many pieces (and pieces smaller than n slices) on small tensors
+CELLS = [(torch.float32, "sum"), (torch.float64, "avg"), (torch.int32, "bxor"), (torch.int64, "min"),
+         (torch.bfloat16, "max"), (torch.uint8, "product"), (torch.bool, "bor")]
+
+
+def fn(collective):
+    return ALGORITHMS[(collective, "shm")]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_reductions_every_world_size(n):
+    for dtype, op in CELLS:
+        for numel, segment in ((0, SMALL_SEGMENT), (1, SMALL_SEGMENT), (37, SMALL_SEGMENT), (9000, 4 << 20),
+                               (20000, 4096)):
+            checks.check_all_reduce(fn("all_reduce"), n, numel, dtype, op, segment)
+            checks.check_reduce(fn("reduce"), n, numel, dtype, op, (n + 1) // 2 % n, segment)
+        for chunk in (0, 1, 7):
+            checks.check_reduce_scatter(fn("reduce_scatter"), n, chunk, dtype, op, SMALL_SEGMENT)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_data_movement_every_world_size(n):
+    for dtype in (torch.float32, torch.bfloat16, torch.bool):
+        for numel in (0, 1, 13):
+            for root in {0, n - 1}:
+                checks.check_broadcast(fn("broadcast"), n, numel, dtype, root, SMALL_SEGMENT)
+                checks.check_gather(fn("gather"), n, numel, dtype, root, SMALL_SEGMENT)
+                checks.check_scatter(fn("scatter"), n, numel, dtype, root, SMALL_SEGMENT)
+            checks.check_all_gather(fn("all_gather"), n, numel, dtype, SMALL_SEGMENT)
+            checks.check_all_gather(fn("all_gather"), n, numel, dtype, SMALL_SEGMENT, in_place=True)
+        uneven = [[(i * 3 + j) % 4 + (i == j) for j in range(n)] for i in range(n)]
+        checks.check_all_to_all(fn("all_to_all"), uneven, dtype, SMALL_SEGMENT)
+        nothing = [[0] * n for _ in range(n)]
+        checks.check_all_to_all(fn("all_to_all"), nothing, dtype, SMALL_SEGMENT)
+    checks.check_barrier(fn("barrier"), n)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("who", ["every rank", "rank 0 only"])
+def test_zero_copy_inputs(n, who):
+    """Inputs in a heap are read in place by peers and reduced in place; a later call reuses them."""
+    numel, dtype, op = 50_001, torch.float32, "sum"
+    inputs = [rank_values(r, numel, dtype, op) for r in range(n)]
+    expected = reference(inputs, op)
+
+    def body(t):
+        deadline = time.monotonic() + 20
+        region = shm.allocate_heap(t, numel * 4, tag=3, deadline=deadline)
+        x = region.view(dtype) if who == "every rank" or t.rank == 0 else torch.empty(numel, dtype=dtype)
+        results = []
+        for _ in range(2):
+            x.copy_(to_torch(inputs[t.rank], dtype))
+            fn("all_reduce")(t, x, op, tag=5, deadline=deadline, segment_bytes=40_000)
+            results.append(x.clone())
+        return results, shm.heap_slot(t, x)[0]
+
+    for r, (results, heap) in enumerate(run_ranks(n, body, timeout_s=60)):
+        assert heap == (0 if who == "every rank" or r == 0 else -1)
+        for out in results:
+            assert_matches(out, expected, f"zero-copy all_reduce n={n} ({who}): rank {r}")
+
+
+def test_ranks_on_several_hosts_are_refused_naming_the_alternatives():
+    def body(t):
+        topology.hosts(t, tag=1, deadline=time.monotonic() + 10, name=f"node{t.rank % 2}")
+        with pytest.raises(UnsupportedError) as error:
+            fn("all_reduce")(t, torch.ones(4), "sum", tag=2, deadline=time.monotonic() + 10, segment_bytes=64)
+        return str(error.value)
+
+    for text in run_ranks(3, body, timeout_s=30):
+        assert "hierarchical" in text and "ring" in text and "node0 (ranks [0, 2])" in text, text
+
+
+def test_a_missing_peer_times_out():
+    def body(t):
+        fn("barrier")(t, tag=1, deadline=time.monotonic() + 10, segment_bytes=64)  # the arena exists
+        if t.rank == 1:
+            return None
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="from rank 1"):
+            fn("all_reduce")(t, torch.ones(3), "sum", tag=2, deadline=start + 0.3, segment_bytes=64)
+        return time.monotonic() - start
+
+    waited = run_ranks(2, body, timeout_s=30)[0]
+    assert 0.3 <= waited < 2.0
+
+
+def test_stale_segments_are_swept(tmp_path):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # a pid that no longer exists
+    dead = tmp_path / f"{shm.PREFIX}{pid}-abc"
+    live = tmp_path / f"{shm.PREFIX}{os.getpid()}-abc"
+    other = tmp_path / "someone-else"
+    for path in (dead, live, other):
+        path.write_bytes(b"x")
+    assert shm.sweep_stale(str(tmp_path)) == [dead.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
+
+
+def test_selection_offers_shm_only_on_one_host():
+    table = rule.__wrapped__
+    assert table(GlooBackend, 2, "all_reduce", torch.float32, "sum", "shm", True).refusal is None
+    refused = table(GlooBackend, 2, "all_reduce", torch.float32, "sum", "shm", False).refusal
+    assert "several hosts" in refused
+    for one_host in (None, False):  # unknown or spread: "auto" never picks shm
+        rows = table(GlooBackend, 2, "all_reduce", torch.float32, "sum", "auto", one_host).rows
+        assert all(algorithm != "shm" for _, algorithm in rows)

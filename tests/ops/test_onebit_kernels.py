@@ -1,0 +1,198 @@
+"""The fused codec of the 1-bit all_reduce (zerocomm.ops.onebit_kernels), without communication.
+
+``simulate`` plays n ranks in one process: each rank's ``ErrorFeedback.worker_step`` fills its send
+rows, the rows are moved as the all_to_all and all_gather would move them, then ``server_step`` and
+``decode``.  Every rank's result and both error states are compared with the numpy model of the
+published scheme (tests/support/onebit_reference.py).  Tolerance: the model sums the norm in float64
+in one go, the codec in float32 per block then float64, which moves a scale by a few ulps, so
+results and states agree to 1e-5 of the largest value (1e-12 in float64); everything else is the
+same operations in the same order (the lazy update is exact, see the kernels' note).
+"""
+import numpy as np
+import pytest
+import torch
+
+import zerocomm.ops.onebit_kernels as kernels
+from support.onebit_reference import OneBitModel
+from zerocomm.ops import ErrorFeedback
+from zerocomm.ops.onebit_kernels import _CpuCodec, _TorchCodec, pack_signs_torch
+
+NUMELS = (1, 13, 100, 1027, 5000)
+
+
+def _inputs(n, numel, call, dtype, seed=0):
+    rng = np.random.default_rng([seed, n, numel, call])
+    values = [rng.standard_normal(numel) * (1.0 + 0.7 * call) for _ in range(n)]
+    if call == 0:
+        for v in values:
+            v[::11] = 0.0  # zero is sent as +scale
+    return [torch.from_numpy(v).to(dtype) for v in values]
+
+
+def simulate(states, inputs):
+    """One compressed all_reduce of ``inputs`` (one per rank) through the codecs; the results."""
+    n = len(states)
+    tensors = [x.clone() for x in inputs]
+    codecs = [state.worker_step(tensors[r], n, r) for r, state in enumerate(states)]
+    for r in range(n):  # all_to_all: rank r's row j goes to rank j, as its row r
+        for j in range(n):
+            codecs[j].recv[r] = codecs[r].send[j]
+    for state in states:
+        state.server_step()
+    for r in range(n):  # all_gather
+        for j in range(n):
+            codecs[r].gathered[j] = codecs[j].mine
+    for r, codec in enumerate(codecs):
+        codec.decode(tensors[r])
+    return tensors
+
+
+def _check(states, model, got, expected, what):
+    work = model.dtype
+    tol = 1e-5 if work == np.float32 else 1e-12
+    scale = float(np.max(np.abs(expected)))
+    for r, t in enumerate(got):
+        rounded = torch.from_numpy(expected).to(t.dtype).double().numpy()
+        np.testing.assert_allclose(t.double().numpy(), rounded, rtol=0, atol=scale * max(tol, _half_tol(t.dtype)),
+                                   err_msg=f"{what}: rank {r}")
+        assert torch.equal(t, got[0]), f"{what}: rank {r} differs from rank 0"
+    for r, state in enumerate(states):
+        for name, have, want in (("worker", state.worker_error, model.worker[r]),
+                                 ("server", state.server_error, model.server[r])):
+            assert have.dtype == torch.from_numpy(np.zeros(1, work)).dtype, f"{what}: {name} dtype {have.dtype}"
+            np.testing.assert_allclose(have.double().numpy(), want, rtol=0,
+                                       atol=max(1e-30, float(np.max(np.abs(want)))) * tol,
+                                       err_msg=f"{what}: rank {r} {name} error")
+
+
+def _half_tol(dtype):
+    return {torch.float16: 1e-3, torch.bfloat16: 8e-3}.get(dtype, 0.0)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("numel", NUMELS)
+def test_codec_matches_the_model_over_calls(n, numel):
+    states = [ErrorFeedback(f"rank {r}") for r in range(n)]
+    model = OneBitModel(n, numel)
+    for call in range(4):
+        inputs = _inputs(n, numel, call, torch.float32)
+        expected = model.call([x.numpy() for x in inputs])
+        _check(states, model, simulate(states, inputs), expected, f"n={n} numel={numel} call {call}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_codec_other_dtypes(dtype):
+    n, numel = 3, 1027
+    work = np.float64 if dtype == torch.float64 else np.float32
+    states = [ErrorFeedback() for _ in range(n)]
+    model = OneBitModel(n, numel, work)
+    for call in range(3):
+        inputs = _inputs(n, numel, call, dtype)
+        expected = model.call([x.double().numpy().astype(work) for x in inputs])
+        got = simulate(states, inputs)
+        assert all(t.dtype == dtype for t in got)
+        _check(states, model, got, expected, f"{dtype} call {call}")
+
+
+def test_many_blocks_and_padding_inside_a_block(monkeypatch):
+    """A tiny BLOCK: segments of several blocks, the last real element in the middle of one."""
+    monkeypatch.setattr(kernels, "BLOCK", 64)
+    n, numel = 3, 64 * 7 + 29
+    states = [ErrorFeedback() for _ in range(n)]
+    model = OneBitModel(n, numel)
+    for call in range(3):
+        inputs = _inputs(n, numel, call, torch.float32, seed=5)
+        _check(states, model, simulate(states, inputs), model.call([x.numpy() for x in inputs]), f"call {call}")
+
+
+def test_torch_codec_matches_the_model(monkeypatch):
+    """The whole-tensor torch codec (what CUDA runs without cupy), forced on CPU."""
+    monkeypatch.setattr(kernels, "codec_for", lambda *key: _TorchCodec(*key))
+    n, numel = 3, 1027
+    states = [ErrorFeedback() for _ in range(n)]
+    model = OneBitModel(n, numel)
+    for call in range(3):
+        inputs = _inputs(n, numel, call, torch.float32, seed=9)
+        _check(states, model, simulate(states, inputs), model.call([x.numpy() for x in inputs]), f"call {call}")
+        assert isinstance(states[0]._codec, _TorchCodec)
+
+
+def test_torch_packing_is_numpy_packbits():
+    x = torch.randn(8 * 1001)
+    x[::7] = 0.0
+    assert pack_signs_torch(x).numpy().tobytes() == np.packbits(x.numpy() >= 0, bitorder="little").tobytes()
+
+
+def test_reading_the_state_between_calls_changes_nothing():
+    """Settling the lazy state (reading it) and leaving it lazy give the same later results."""
+    n, numel = 2, 300
+    lazy, read = [ErrorFeedback() for _ in range(n)], [ErrorFeedback() for _ in range(n)]
+    for call in range(4):
+        inputs = _inputs(n, numel, call, torch.float32, seed=3)
+        a, b = simulate(lazy, inputs), simulate(read, inputs)
+        for r in range(n):
+            assert torch.equal(a[r], b[r]), f"call {call} rank {r}"
+            read[r].worker_error, read[r].server_error, read[r].state_dict()  # noqa: B018 - settles
+    for r in range(n):
+        assert torch.equal(lazy[r].worker_error, read[r].worker_error)
+        assert torch.equal(lazy[r].server_error, read[r].server_error)
+
+
+def test_state_round_trip_and_negative_zero_on_load():
+    n, numel = 2, 50
+    states = [ErrorFeedback() for _ in range(n)]
+    simulate(states, _inputs(n, numel, 0, torch.float32))
+    saved = [{k: v.clone() for k, v in s.state_dict().items()} for s in states]
+    saved[0]["worker_error"][3] = -0.0
+    resumed = [ErrorFeedback() for _ in range(n)]
+    for s, d in zip(resumed, saved):
+        s.load_state_dict(d)
+    assert not torch.signbit(resumed[0].worker_error[3])  # -0.0 was made +0.0
+    saved[0]["worker_error"][3] = 0.0
+    for s, d in zip(states, saved):
+        s.load_state_dict(d)
+    inputs = _inputs(n, numel, 1, torch.float32)
+    inputs[0][3] = -0.0
+    for a, b in zip(simulate(states, inputs), simulate(resumed, inputs)):
+        assert torch.equal(a, b)
+
+
+def test_a_new_size_is_refused_with_both_sizes():
+    state = ErrorFeedback("bucket 2")
+    simulate([state, ErrorFeedback()], [torch.ones(16), torch.ones(16)])
+    with pytest.raises(ValueError, match=r"'bucket 2'.*worker_error has 16 elements, but the tensor has 32"):
+        state.worker_step(torch.ones(32), 2, 0)
+
+
+def test_buffers_are_reused_across_calls():
+    states = [ErrorFeedback() for _ in range(2)]
+    simulate(states, _inputs(2, 100, 0, torch.float32))
+    codec, send, x = states[0]._codec, states[0]._codec.send, states[0]._worker_error
+    simulate(states, _inputs(2, 100, 1, torch.float32))
+    assert states[0]._codec is codec and codec.send is send and states[0]._worker_error is x
+    assert isinstance(codec, _CpuCodec)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the cupy codec runs on CUDA tensors)")
+def test_cupy_codec_matches_the_model():
+    from zerocomm.ops.onebit_cuda import _CupyCodec, cupy_available
+
+    reason = cupy_available()
+    if reason is not None:
+        pytest.skip(reason)
+    n, numel = 3, 100003
+    states = [ErrorFeedback() for _ in range(n)]
+    model = OneBitModel(n, numel)
+    for call in range(3):
+        inputs = _inputs(n, numel, call, torch.float32, seed=11)
+        got = [t.cpu() for t in simulate(states, [x.cuda() for x in inputs])]
+        assert isinstance(states[0]._codec, _CupyCodec)
+        states_cpu = [_CpuStateView(s) for s in states]
+        _check(states_cpu, model, got, model.call([x.numpy() for x in inputs]), f"cuda call {call}")
+
+
+class _CpuStateView:
+    """An ErrorFeedback's errors on the CPU, for ``_check``."""
+
+    def __init__(self, state):
+        self.worker_error, self.server_error = state.worker_error.cpu(), state.server_error.cpu()

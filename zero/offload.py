@@ -1,0 +1,163 @@
+"""Optimizer state in host memory (ZeRO-Offload), and the choice among the optimizer-state parts.
+
+``build_optimizer_state`` picks the part for a ``StatePlacement`` (stages.py):
+
+* ``DEVICE``: ``DeviceOptimizerState`` (optimizer_state.py), masters and state beside the parameters;
+* ``HOST``: ``HostOptimizerState`` below for parameters on an accelerator; for parameters already in
+  host memory (CPU models) the device *is* the host, so ``DeviceOptimizerState`` serves unchanged;
+* ``DISK``: ``NvmeOptimizerState`` (offload_nvme.py), state in files, stepped piece by piece.
+
+[Note: the data movement of ZeRO-Offload]
+For a CUDA model, per bucket and per step: when the bucket's reduction has been waited for (during
+backward for every bucket but the last ``max_inflight_buckets`` under stages 2-3, at the step otherwise),
+``gradient_ready`` copies this rank's reduced gradient elements device -> host into a pinned float32
+buffer on a side stream (one event per bucket), so the copies overlap the rest of backward.  ``step``
+waits for each bucket's event, runs the torch optimizer on the host masters (CPU Adam/AdamW over one flat
+tensor per bucket), and ``write_back`` copies each updated master host -> device into the parameters'
+storage, after which the parameters part all-gathers as usual.  Bytes crossing the bus per step:
+Φ/N gradient elements to the host (float32) and Φ/N parameter elements back (compute dtype).
+The counters ``to_host_bytes`` / ``to_device_bytes`` record them, so a test on a CPU-only machine can
+check the movement with the class forced onto CPU tensors.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from .gradients import tensor_bytes
+from .optimizer_state import DeviceOptimizerState, OptimizerFactory, check_optimizer
+from .stages import StatePlacement
+
+
+def build_optimizer_state(placement: StatePlacement, param_shards: Sequence[torch.Tensor],
+                          full32: Optional[Sequence[torch.Tensor]], factory: OptimizerFactory, rank: int, config):
+    """The optimizer-state part for ``placement`` (see the module docstring)."""
+    device = param_shards[0].device
+    if placement is StatePlacement.DISK:
+        from .offload_nvme import NvmeOptimizerState
+
+        return NvmeOptimizerState(param_shards, full32, factory, rank, folder=config.nvme_path,
+                                  buffer_count=config.offload_buffer_count, piece_numel=config.offload_buffer_numel)
+    if placement is StatePlacement.HOST and device.type != "cpu":
+        return HostOptimizerState(param_shards, full32, factory, rank, pin_memory=config.pin_memory)
+    return DeviceOptimizerState(param_shards, full32, factory, rank)
+
+
+class HostOptimizerState:
+    """Float32 masters, gradients and the optimizer's state in host memory; the step on the CPU.
+
+    Args:
+        param_shards: per bucket, the elements this rank updates, in the parameters' storage (any device).
+        full32: per bucket, the same elements in float32 (``None`` when the parameters are float32).
+        factory: builds the torch optimizer over the host masters.
+        rank: for messages.
+        pin_memory: page-lock the host buffers (CUDA only: asynchronous copies).
+    """
+
+    def __init__(self, param_shards: Sequence[torch.Tensor], full32: Optional[Sequence[torch.Tensor]],
+                 factory: OptimizerFactory, rank: int, *, pin_memory: bool = True):
+        self.rank = rank
+        self.device = param_shards[0].device
+        self.aliased = False  # the masters are never the parameters' storage
+        cuda = self.device.type == "cuda"
+        pin = pin_memory and cuda
+        source = full32 if full32 is not None else param_shards
+        self.masters = [nn.Parameter(_host_float32(values, pin)) for values in source]
+        self.grads = [torch.empty(m.shape, dtype=torch.float32, pin_memory=pin) for m in self.masters]
+        self.optimizer = factory(list(self.masters))
+        check_optimizer(self.optimizer, self.masters, rank)
+        self._stream = torch.cuda.Stream(self.device) if cuda else None
+        self._ready: list = [None] * len(self.masters)  # per bucket: None, or the copy's event (True on CPU)
+        self.to_host_bytes = 0
+        """Bytes copied device -> host (gradients) since construction."""
+        self.to_device_bytes = 0
+        """Bytes copied host -> device (updated parameters) since construction."""
+
+    def gradient_ready(self, index: int, grad: torch.Tensor) -> None:
+        """Bucket ``index``'s reduced elements ``grad`` (on the device) are final: start their copy to the host."""
+        host = self.grads[index]
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._stream):
+                host.copy_(grad, non_blocking=True)
+                grad.record_stream(self._stream)
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            self._ready[index] = event
+        else:
+            host.copy_(grad)
+            self._ready[index] = True
+        self.to_host_bytes += tensor_bytes(grad)
+
+    def set_gradients(self, grads: Sequence[torch.Tensor], factor: float) -> list:
+        """Give every host master its gradient times ``factor`` (copying the buckets not copied yet)."""
+        out = []
+        for index, (master, grad) in enumerate(zip(self.masters, grads)):
+            if self._ready[index] is None:
+                self.gradient_ready(index, grad)
+            if self._ready[index] is not True:
+                self._ready[index].synchronize()
+            host = self.grads[index]
+            if factor != 1.0:
+                host.mul_(factor)
+            master.grad = host
+            out.append(host)
+        return out
+
+    def scale_gradients(self, coefficient: float) -> None:
+        for master in self.masters:
+            master.grad.mul_(coefficient)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def write_back(self, param_shards: Sequence[torch.Tensor]) -> None:
+        """Copy the updated masters into the parameters' storage (host -> device, rounded to their dtype)."""
+        with torch.no_grad():
+            for shard, master in zip(param_shards, self.masters):
+                shard.copy_(master.detach(), non_blocking=self._stream is not None)
+                self.to_device_bytes += tensor_bytes(shard)
+        if self._stream is not None:
+            torch.cuda.current_stream(self.device).synchronize()  # the all_gather that follows reads them
+
+    def read_from(self, param_shards: Sequence[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for shard, master in zip(param_shards, self.masters):
+                master.copy_(shard)
+
+    def clear_gradients(self) -> None:
+        for master in self.masters:
+            master.grad = None
+        self._ready = [None] * len(self.masters)
+
+    def nbytes(self, param_storages: set) -> int:
+        """Host bytes of masters, gradient buffers and optimizer state."""
+        return self.placement()["host"]
+
+    def placement(self) -> dict:
+        """Bytes of masters, gradient copies and optimizer state by where they live."""
+        total = sum(tensor_bytes(t) for t in self.masters) + sum(tensor_bytes(g) for g in self.grads)
+        total += sum(tensor_bytes(v) for state in self.optimizer.state.values() for v in state.values()
+                     if isinstance(v, torch.Tensor))
+        return {"device": 0, "host": total, "disk": 0}
+
+
+def _host_float32(values: torch.Tensor, pin: bool) -> torch.Tensor:
+    out = torch.empty(values.shape, dtype=torch.float32, pin_memory=pin)
+    out.copy_(values.detach())
+    return out
+
+
+def state_placement(state, param_storages: set) -> dict:
+    """{"device", "host", "disk"} bytes of an optimizer-state part (``DeviceOptimizerState`` counts as
+    its parameters' device, or as host memory when that device is the CPU)."""
+    if hasattr(state, "placement"):
+        return state.placement()
+    total = state.nbytes(param_storages)
+    where = "host" if state.masters[0].device.type == "cpu" else "device"
+    return {"device": 0, "host": 0, "disk": 0, where: total}
+
+
+__all__ = ["build_optimizer_state", "HostOptimizerState", "state_placement"]
