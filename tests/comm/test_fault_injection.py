@@ -177,8 +177,11 @@ def test_gloo_wait_inside_a_callback_ends_by_the_deadline():
 @pytest.mark.timeout(90)
 def test_mpi_uncaught_exception_aborts_the_job():
     run = mpi_world(2, "uncaught_under_mpi", limit_s=60)
+    # Without the hook, rank 0's exit would wait in MPI_Finalize for rank 1, which waits in the barrier: the
+    # job would run into the limit (returncode None).  The hook's own line may be lost when the abort ends
+    # the job before the launcher forwards it, so the test does not insist on it.
     assert run["returncode"] not in (None, 0), run
-    assert "calling MPI_Abort" in run["output"] and "on purpose" in run["output"], run["output"]
+    assert "on purpose" in run["output"], run["output"]
     assert 1 not in run["answers"], run  # the waiting rank was ended by the abort, not released
 
 
