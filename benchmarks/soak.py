@@ -126,16 +126,19 @@ def soak(dist, calls: int, seed: int) -> dict:
     pending, wrong, refused, errors, samples = [], 0, 0, [], []
     warm = max(1, calls // 10)
     start = time.monotonic()
-    for index in range(calls):
+    index, ran = -1, 0
+    while ran < calls:  # ``calls`` collectives run; refused draws do not count
+        index += 1
         plan = _plan(rng, n)
         try:
             work, verify = _issue(dist, torch, seed, index, rank, n, plan)
         except dist.UnsupportedError:
             refused += 1
             continue
-        except Exception as error:  # a wrong refusal counts as a failure, reported by name
+        except Exception as error:  # any other error is a failure, reported by name
             errors.append(f"call {index} {plan}: {type(error).__name__}: {error}")
             break
+        ran += 1
         if work is None:
             wrong += not verify()
         else:
@@ -147,8 +150,8 @@ def soak(dist, calls: int, seed: int) -> dict:
                 work.wait()
                 wrong += not verify()
             pending = []
-        if index % 100 == 0 or index == warm:
-            samples.append((index, _rss()))
+        if ran % 100 == 0 or ran == warm:
+            samples.append((ran, _rss()))
     for work, verify in pending:
         work.wait()
         wrong += not verify()
@@ -163,8 +166,8 @@ def _summary(result: dict, backend: str, n: int, calls: int) -> str:
     end_rss = result["samples"][-1][1]
     growth = (end_rss - warm_rss) / warm_rss * 100 if warm_rss else float("nan")
     load = os.getloadavg()
-    return (f"soak: backend {backend}, {n} ranks, {calls} calls ({calls - result['refused']} run, "
-            f"{result['refused']} refused as unsupported cells) in {result['seconds']:.1f} s; wrong results "
+    return (f"soak: backend {backend}, {n} ranks, {calls} calls run ({result['refused']} more draws refused "
+            f"as unsupported cells) in {result['seconds']:.1f} s; wrong results "
             f"(all ranks): {result['wrong']}; errors: {len(result['errors'])}\n"
             f"rank 0 RSS: {warm_rss / 2**20:.1f} MiB after warm-up (call {result['warm']}), {end_rss / 2**20:.1f} MiB "
             f"at the end: growth {growth:+.2f} %\n"
