@@ -32,6 +32,8 @@ COMMANDS = {
     "zero": "zero_cli",
     "trace": "trace_cli",
     "overhead": "overhead",
+    "soak": "soak",
+    "check-cost": "check_cost",
     "shm": "shm_bench",
     "cluster": "cluster",
 }

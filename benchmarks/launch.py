@@ -109,9 +109,10 @@ def launched_spec(launched: Launched, backend: str) -> InitSpec:
     return InitSpec(backend, _mpi_tcp_rendezvous(), launched.rank, launched.world_size, launched.local_rank)
 
 
-def _free_port() -> int:
+def _free_port(address: str = "127.0.0.1") -> int:
+    """A port free on ``address`` (loopback unless ranks span hosts: nothing is opened on other interfaces)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
+        sock.bind((address, 0))
         return sock.getsockname()[1]
 
 
@@ -130,8 +131,10 @@ def _mpi_tcp_rendezvous() -> str:
                            "MASTER_PORT, or mpi4py to agree on them: pip install 'zerocomm[mpi]'") from exc
     world = MPI.COMM_WORLD
     hosts = world.allgather(socket.gethostname())
-    port = world.bcast(_free_port() if world.Get_rank() == 0 else None, root=0)
+    # One host: loopback, and the store then listens on loopback only (see comm.process_group).
     address = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
+    port = world.bcast(_free_port("127.0.0.1" if address == "127.0.0.1" else "") if world.Get_rank() == 0 else None,
+                       root=0)
     return f"tcp://{address}:{port}"
 
 

@@ -3,8 +3,13 @@
 Environment variables:
     ZEROCOMM_ALGORITHM      default ``algorithm=`` of every collective ("auto" if unset).
     ZEROCOMM_SEGMENT_BYTES  pipeline segment size of ring and tree algorithms.
-    ZEROCOMM_DEBUG          "1": exchange a fingerprint before each collective and raise
-                            ``CollectiveMismatchError`` when ranks disagree.
+    ZEROCOMM_TIMEOUT        seconds: the default deadline of every blocking call (init, collectives,
+                            object collectives, barrier) when ``init_process_group`` gets no
+                            ``timeout``; default 300 (see docs/failures.md for why).
+    ZEROCOMM_CHECK          "0": skip the per-call mismatch check (one 16-byte all_reduce before
+                            each collective; on by default, see docs/failures.md for its cost).
+    ZEROCOMM_DEBUG          "1": the full check: every rank's whole fingerprint is all-gathered
+                            before each collective (the default check exchanges a hash of it).
     ZEROCOMM_SWITCH_INTERVAL  seconds; if set, ``sys.setswitchinterval`` at init.  An async
                             collective's executor thread waits for the GIL up to this long
                             (Python's default 5 ms) when the training thread is busy in Python;
@@ -33,8 +38,19 @@ class CommConfig:
     """Bytes per pipelined segment in ring/tree algorithms; smaller pipelines deeper, costs more messages.
     4 MiB measured best for 16-64 MiB all_reduce on 2 cores, gloo and MPI, 2 and 4 ranks (1 MiB: 0.73-0.91
     of native's busbw at 4 gloo ranks; 4 MiB: 0.82-0.95)."""
+    timeout_s: float = 300.0
+    """Default deadline, in seconds, of every blocking call of a group whose ``init_process_group``/``new_group``
+    got no ``timeout``.  Five minutes, not torch's 30 (gloo) or 10 (NCCL): a peer that is known dead (its
+    connection closed, its process gone, an MPI error) fails a call at once whatever this is, so the
+    deadline only bounds a peer that is alive but stuck, and a stuck job should not hold its
+    allocation for half an hour.  Raise it for programs whose ranks legitimately wait longer at one
+    call (one rank loading a large checkpoint while the others wait in a broadcast)."""
+    check: bool = True
+    """Mismatch check before each collective: a 16-byte all_reduce of a hash of (sequence number, collective,
+    op, dtype, element count, root, algorithm); ranks that disagree raise ``CollectiveMismatchError`` on every
+    rank, naming both sides, instead of returning garbage, aborting or hanging."""
     debug: bool = False
-    """Cross-rank fingerprint check before each collective (one tiny all_gather per call)."""
+    """The full check: all-gather every rank's whole fingerprint before each collective (implies ``check``)."""
     switch_interval_s: float = 0.0
     """If positive, applied with ``sys.setswitchinterval`` at init (0: leave the interpreter's default)."""
     profile_path: str = ""
@@ -50,6 +66,8 @@ class CommConfig:
                                        "compression='onebit')")
         if not isinstance(self.segment_bytes, int) or self.segment_bytes < 1:
             raise InvalidArgumentError(f"segment_bytes must be a positive int, got {self.segment_bytes!r}")
+        if not isinstance(self.timeout_s, (int, float)) or not 0 < self.timeout_s < float("inf"):
+            raise InvalidArgumentError(f"timeout_s must be a positive finite number of seconds, got {self.timeout_s!r}")
         if not isinstance(self.max_queued, int) or self.max_queued < 1:
             raise InvalidArgumentError(f"max_queued must be a positive int, got {self.max_queued!r}")
 
@@ -81,6 +99,8 @@ def _flag(text: str) -> bool:
 _VARIABLES = (
     ("ZEROCOMM_ALGORITHM", "algorithm", str),
     ("ZEROCOMM_SEGMENT_BYTES", "segment_bytes", int),
+    ("ZEROCOMM_TIMEOUT", "timeout_s", float),
+    ("ZEROCOMM_CHECK", "check", _flag),
     ("ZEROCOMM_DEBUG", "debug", _flag),
     ("ZEROCOMM_PROFILE", "profile_path", str),
     ("ZEROCOMM_SWITCH_INTERVAL", "switch_interval_s", float),

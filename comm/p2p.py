@@ -49,7 +49,7 @@ class _RequestWork(Work):
         super().__init__(description, concurrent.futures.Future(), outputs, g)
 
     def wait(self, timeout=None) -> bool:
-        seconds = timeout_seconds(timeout)
+        seconds = timeout_seconds(timeout, "Work.wait: timeout")
         if seconds is None:
             seconds = self._group.timeout.total_seconds()
         g = self._group

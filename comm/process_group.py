@@ -4,13 +4,25 @@ Backends: ``gloo`` (CPU, torch's gloo; rendezvous through torch's ``init_method`
 or ``store``), ``mpi`` (CPU, mpi4py; ranks from the MPI launcher) and ``nccl``
 (CUDA).  ``backend=None`` takes ``mpi`` when the process was started by an MPI
 launcher without torch's ``RANK`` variable, else ``gloo``.
+
+Init has a deadline like every other blocking call (``timeout``, else ``ZEROCOMM_TIMEOUT``,
+else five minutes): a rank that never joins makes the others raise ``CommTimeoutError``
+naming the rendezvous; a store that cannot be reached raises ``PeerError``.  The TCP store
+rank 0 opens for ``env://`` and ``tcp://`` listens on loopback only when ``MASTER_ADDR`` is a
+loopback address (every rank on this machine), so a single-host run is not reachable from
+the network.  ``init_process_group("mpi")`` in a process that no MPI launcher started
+raises, unless ``world_size=1`` asks for a world of one.
 """
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import ipaddress
 import os
+import socket
 import sys
 import time
+import urllib.parse
 from typing import List, Optional
 
 import torch
@@ -18,9 +30,12 @@ import torch.distributed as td
 
 from .backends import BACKENDS, backend_class
 from .config import CommConfig
-from .errors import InvalidArgumentError, UnsupportedError
-from .group import DEFAULT_TIMEOUT, NON_GROUP_MEMBER, WORLD, Group
+from .errors import CommError, CommTimeoutError, InvalidArgumentError, PeerError, UnsupportedError
+from .group import NON_GROUP_MEMBER, WORLD, Group
 from .transport import USER_TAG_LIMIT
+
+#: Variables an MPI launcher sets in every rank (MPICH/hydra, PMIx, Open MPI, Intel MPI).
+_MPI_LAUNCH_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID", "PMI_FD", "PMI_PORT")
 
 def is_available() -> bool:
     return True
@@ -30,9 +45,69 @@ def is_initialized() -> bool:
     return WORLD.default is not None
 
 
+def _started_by_mpi_launcher() -> bool:
+    return any(key in os.environ for key in _MPI_LAUNCH_VARS)
+
+
 def _launched_by_mpi() -> bool:
-    return "RANK" not in os.environ and any(
-        key in os.environ for key in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID"))
+    return "RANK" not in os.environ and _started_by_mpi_launcher()
+
+
+def _group_timeout(timeout, what: str) -> datetime.timedelta:
+    """A group's deadline: ``timeout`` (timedelta or seconds, > 0), else the configuration's default."""
+    if timeout is None:
+        return datetime.timedelta(seconds=WORLD.config.timeout_s)
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+        raise InvalidArgumentError(f"{what}: timeout must be a positive, finite datetime.timedelta or number of "
+                                   f"seconds, got {timeout!r}")
+    return timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(seconds=seconds)
+
+
+def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta):
+    """torch's TCPStore.  When ``host`` is a loopback address (every rank on this machine), rank 0's server
+    listens on loopback only; torch's own would listen on every interface.  Any other ``host`` keeps torch's
+    behaviour: a host name may resolve differently here (``127.0.1.1`` in ``/etc/hosts``) than on the peers."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    if rank != 0 or not ipaddress.ip_address(address[0]).is_loopback:
+        return td.TCPStore(host, port, world_size, rank == 0, timeout)
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+        listener.listen(max(128, world_size))
+    except BaseException:
+        listener.close()
+        raise
+    # The store's server takes the descriptor over: detach it, so that Python never closes it.
+    return td.TCPStore(host, port, world_size, True, timeout, master_listen_fd=listener.detach())
+
+
+def _rendezvous(init_method: str, rank: int, world_size: int, timeout: datetime.timedelta):
+    """``(store, rank, world_size)`` for ``init_method``: env:// and tcp:// through :func:`_tcp_store`, the rest
+    (file://) through torch's rendezvous."""
+    url = urllib.parse.urlparse(init_method)
+    if url.scheme not in ("env", "tcp"):
+        store, rank, world_size = next(td.rendezvous(init_method, rank, world_size, timeout=timeout))
+        return store, rank, world_size
+    query = dict(urllib.parse.parse_qsl(url.query))
+    if url.scheme == "env":
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+        if missing:
+            raise InvalidArgumentError(f"init_process_group: init_method env:// needs the environment variables "
+                                       f"MASTER_ADDR and MASTER_PORT; {', '.join(missing)} not set")
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        rank = rank if rank >= 0 else int(os.environ.get("RANK", -1))
+        world_size = world_size if world_size > 0 else int(os.environ.get("WORLD_SIZE", -1))
+    else:
+        host, port = url.hostname, url.port
+        rank = rank if rank >= 0 else int(query.get("rank", -1))
+        world_size = world_size if world_size > 0 else int(query.get("world_size", -1))
+    if rank < 0 or world_size < 1 or not host or not port:
+        raise InvalidArgumentError(f"init_process_group: {init_method!r} with rank {rank} and world_size "
+                                   f"{world_size}: rank, world_size, a host and a port must be known (arguments, "
+                                   "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or ?rank=&world_size= in the URL)")
+    return _tcp_store(host, port, rank, world_size, timeout), rank, world_size
 
 
 def _make_communicator(backend: str, init_method, timeout, world_size, rank, store):
@@ -41,7 +116,13 @@ def _make_communicator(backend: str, init_method, timeout, world_size, rank, sto
         raise InvalidArgumentError(f"init_process_group: backend must be one of {tuple(BACKENDS)}, got {backend!r}")
     cls = backend_class(backend)
     if backend == "mpi":
-        from .backends.mpi import mpi_available
+        if not _started_by_mpi_launcher() and world_size != 1:
+            raise InvalidArgumentError(
+                "init_process_group: backend 'mpi' in a process that no MPI launcher started (none of "
+                f"{', '.join(_MPI_LAUNCH_VARS)} is set): start the job with mpiexec -n N, or pass world_size=1 "
+                "to run a world of one on purpose")
+        from .backends.mpi import init_mpi_within, mpi_available
+        init_mpi_within(timeout.total_seconds())  # a rank that never starts: CommTimeoutError, not a hang
         reason = mpi_available()
         if reason:
             raise UnsupportedError(f"init_process_group: backend 'mpi' is unavailable: {reason}")
@@ -49,12 +130,27 @@ def _make_communicator(backend: str, init_method, timeout, world_size, rank, sto
     if backend == "nccl":
         return cls.create(init_method, timeout, world_size, rank, store)
     if store is None:
-        store, rank, world_size = next(td.rendezvous(init_method or "env://", rank, world_size, timeout=timeout))
+        store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, timeout)
         store.set_timeout(timeout)
     elif rank < 0 or world_size < 1:
         raise InvalidArgumentError(f"init_process_group: with a store, rank ({rank}) and world_size "
                                    f"({world_size}) must be given")
     return cls(td.PrefixStore("zerocomm/world/", store), rank, world_size, timeout)
+
+
+def _init_failure(error: BaseException, backend: str, rank: int, timeout: datetime.timedelta,
+                  waited_s: float) -> CommError:
+    """A rendezvous or store failure from torch, as zerocomm's type: a timeout or an unreachable peer/store."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    where = f"rank {rank if rank >= 0 else '?'}: init_process_group({backend!r})"
+    timed_out = (isinstance(error, TimeoutError) or "timeout" in text.lower() or "timed out" in text.lower()
+                 or waited_s >= timeout.total_seconds())
+    if timed_out:
+        return CommTimeoutError(f"{where} timed out after {waited_s * 1000:.0f} ms (deadline "
+                                f"{timeout.total_seconds() * 1000:.0f} ms): not every rank joined the rendezvous "
+                                f"({text})")
+    return PeerError(f"{where} failed after {waited_s * 1000:.0f} ms: the store or a peer could not be reached "
+                     f"({type(error).__name__}: {text})")
 
 
 def init_process_group(backend: Optional[str] = None, init_method: Optional[str] = None, timeout=None,
@@ -67,9 +163,16 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if backend is None:
         backend = "mpi" if _launched_by_mpi() else "gloo"
     backend = str(backend).lower()
-    timeout = timeout or DEFAULT_TIMEOUT
     config = CommConfig.from_env()  # before any rendezvous: a bad variable fails at once, naming itself
-    communicator = _make_communicator(backend, init_method, timeout, world_size, rank, store)
+    timeout = (datetime.timedelta(seconds=config.timeout_s) if timeout is None
+               else _group_timeout(timeout, "init_process_group"))
+    start = time.monotonic()
+    try:
+        communicator = _make_communicator(backend, init_method, timeout, world_size, rank, store)
+    except CommError:
+        raise
+    except (RuntimeError, OSError, td.DistError) as error:  # torch's store and gloo's connect: typed here
+        raise _init_failure(error, backend, rank, timeout, time.monotonic() - start) from error
     if world_size > 0 and communicator.size != world_size:
         raise InvalidArgumentError(f"init_process_group: world_size {world_size} does not match the launcher's "
                                    f"{communicator.size}")
@@ -80,7 +183,12 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         # Which host each rank is on, learnt once (selection offers "shm" only where all ranks share one);
         # the tag is below every collective's, and nothing else is in flight yet.
         from . import topology
-        topology.hosts(communicator, tag=USER_TAG_LIMIT, deadline=time.monotonic() + timeout.total_seconds())
+        from .transport import PeerFailure
+        try:
+            topology.hosts(communicator, tag=USER_TAG_LIMIT, deadline=start + timeout.total_seconds())
+        except (TimeoutError, PeerFailure) as error:  # a rank that left between connecting and this exchange
+            communicator.close()
+            raise _init_failure(error, backend, communicator.rank, timeout, time.monotonic() - start) from None
     WORLD.default = Group(list(range(communicator.size)), communicator.rank, communicator, timeout, backend, "world")
     WORLD.groups["world"] = WORLD.default
     if WORLD.config.profile_path:
@@ -140,6 +248,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     if backend is not None and str(backend).lower() != world.backend:
         raise UnsupportedError(f"rank {world.my_global_rank}: new_group: backend {backend!r} differs from the default "
                                f"group's {world.backend!r}; zerocomm groups share the default group's backend")
+    timeout = world.timeout if timeout is None else _group_timeout(timeout, "new_group")
     WORLD.group_count += 1
     name = f"g{WORLD.group_count}"
     communicator = world.communicator.split(members, name)
@@ -147,8 +256,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
         return NON_GROUP_MEMBER
     from . import topology
     topology.inherit(communicator, world.communicator, members)
-    group = Group(members, members.index(world.my_global_rank), communicator, timeout or world.timeout,
-                  world.backend, name)
+    group = Group(members, members.index(world.my_global_rank), communicator, timeout, world.backend, name)
     WORLD.groups[name] = group
     return group
 

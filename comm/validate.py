@@ -8,10 +8,11 @@ to list outputs afterwards.  A wrong argument raises a typed error naming this r
 call and the value; nothing is sent.  ``Group.run`` then runs the record, once.
 
 What one rank cannot check alone — that every rank called the same collective with the
-same sizes — is :func:`cross_check`'s job, in debug mode (``ZEROCOMM_DEBUG=1``): each call
-first all-gathers a small fingerprint (sequence number, collective, op, element count,
-dtype, root, algorithm) and every rank raises ``CollectiveMismatchError`` naming the
-first two ranks that disagree, instead of the hang or abort a mismatch gives on the wire.
+same sizes — is :func:`cross_check`'s job, on by default (``ZEROCOMM_CHECK=0`` turns it off):
+each call first all-reduces a hash of a small fingerprint (sequence number, collective, op,
+element count, dtype, root, algorithm; ``ZEROCOMM_DEBUG=1`` all-gathers the fingerprint
+itself) and every rank raises ``CollectiveMismatchError`` naming the first two ranks that
+disagree, instead of the garbage, hang or abort a mismatch gives on the wire.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .algorithms import ALGORITHM_CHOICES, ALGORITHM_NAMES, ALGORITHMS, COLLECTI
 from .algorithms.compressed import SUB_COLLECTIVES, sub_algorithm
 from .errors import CollectiveMismatchError, InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
+from .transport import USER_TAG_LIMIT
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
 from .sparse import all_reduce_sparse
 
@@ -238,11 +240,10 @@ def _selection_logged() -> bool:
 _logged = select.log.isEnabledFor  # the short path's check, one call cheaper
 
 
-def _timeout(timeout) -> Optional[float]:
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-    return None if seconds <= 0 else seconds
+def _timeout(timeout, what: str) -> Optional[float]:
+    """A call's own ``timeout`` in seconds (``None``: the group's); negative or not a number raises."""
+    from .work import timeout_seconds
+    return timeout_seconds(timeout, f"{what}: timeout")
 
 
 # -- one function per public form ------------------------------------------------------------------
@@ -310,14 +311,14 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
 def _remember_short(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     """Let SUM all_reduce calls of ``dtype`` with ``algorithm=requested`` on ``g`` take the short path.
 
-    Only where the full path would do nothing more than run the algorithm: a CPU group, no debug
-    fingerprint, no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
+    Only where the full path would do nothing more than run the algorithm: a CPU group, no mismatch
+    check (``ZEROCOMM_CHECK=0``), no debug fingerprint, no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
     elements of ``dtype`` (one unbounded row for an explicit algorithm); ``Group.short`` is emptied
     when the configuration changes.
     """
     config = WORLD.config
-    if config.debug or not g.on_cpu or _selection_logged():
-        return
+    if config.debug or config.check or not g.on_cpu or _selection_logged():
+        return  # the mismatch check runs in Group.execute, which the short path skips
     choice = config.algorithm if requested is None else requested
     rule = select.rule(g.backend_type, g.size(), "all_reduce", dtype, "sum", choice,
                        getattr(g.communicator, "_zerocomm_one_host", None))  # as choose_algorithm reads it
@@ -542,36 +543,61 @@ def all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm
 def barrier(group, async_op, timeout, algorithm) -> Call:
     g = resolve_group(group, "barrier")
     algo, fn = choose_algorithm("barrier", g, torch.uint8, None, 0, algorithm, "barrier")
-    return Call("barrier", g, (), None, -1, algo, fn, None, async_op, _timeout(timeout), (), (), 0, 0,
+    return Call("barrier", g, (), None, -1, algo, fn, None, async_op, _timeout(timeout, "barrier"), (), (), 0, 0,
                 torch.uint8)
 
 
-# -- debug: the cross-rank fingerprint --------------------------------------------------------------
+# -- the cross-rank fingerprint -------------------------------------------------------------------------
 
-def _fingerprint(call: Call, tag: int) -> torch.Tensor:
+#: A fingerprint's hash is kept to 62 bits, so that it and its negation fit an int64.
+_HASH_MASK = (1 << 62) - 1
+
+
+def _fingerprint(call: Call, tag: int) -> tuple:
+    """(sequence number, collective, op, element count, dtype, root, algorithm) as small ints."""
     dtype_id = SUPPORTED_DTYPES.index(call.dtype) if call.dtype in _DTYPES else -1
-    return torch.tensor([tag, COLLECTIVES.index(call.collective), _OPS.index(call.op) if call.op else -1,
-                         call.numel, dtype_id, call.root, ALGORITHM_NAMES.index(call.algorithm)],
-                        dtype=torch.int64, device=call.group.device_type)
+    return (tag, COLLECTIVES.index(call.collective), _OPS.index(call.op) if call.op else -1, call.numel, dtype_id,
+            call.root, ALGORITHM_NAMES.index(call.algorithm))
 
 
 def _describe(row) -> str:
     tag, coll, op, numel, dtype_id, root, alg = (int(v) for v in row)
     dtype = SUPPORTED_DTYPES[dtype_id] if 0 <= dtype_id < len(SUPPORTED_DTYPES) else "?"
-    return (f"call #{tag} {COLLECTIVES[coll]}{'' if op < 0 else f' {_OPS[op].upper()}'} of {numel} elements of "
-            f"{dtype}{'' if root < 0 else f' with root {root}'} (algorithm {ALGORITHM_NAMES[alg]})")
+    return (f"call #{tag - USER_TAG_LIMIT} {COLLECTIVES[coll]}{'' if op < 0 else f' {_OPS[op].upper()}'} of "
+            f"{'per-rank' if numel < 0 else numel} elements of {dtype}{'' if root < 0 else f' with root {root}'} "
+            f"(algorithm {ALGORITHM_NAMES[alg]})")
 
 
-def cross_check(call: Call, tag: int, deadline: Optional[float]) -> None:
-    """All-gather every rank's fingerprint of ``call``; raise on every rank if any two differ."""
+def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = False) -> None:
+    """Check that every rank of ``call``'s group is making the same call; raise on every rank if not.
+
+    Runs before the call moves any byte, on the group's own communicator (its native collectives are
+    matched by order, like the call itself).  The default, cheap form all-reduces (MAX) a 16-byte
+    ``[hash, -hash]`` of this rank's fingerprint: the ranks agree exactly when the maximum of the hashes
+    equals their minimum.  When they do not, every rank sees it, and all of them all-gather the whole
+    fingerprints to name the first two ranks that differ.  ``full`` (debug mode) always all-gathers them.
+    """
     group, backend = call.group, call.group.communicator
+    if backend.size == 1:
+        return
     mine = _fingerprint(call, tag)
-    everyone = torch.empty(backend.size * mine.numel(), dtype=mine.dtype, device=mine.device)
-    backend.NATIVE["all_gather"](backend, everyone, mine, tag=0, deadline=deadline, segment_bytes=0)
-    rows = everyone.view(backend.size, -1).cpu()
+    if not full:
+        digest = hash(mine) & _HASH_MASK
+        both = torch.tensor([digest, -digest], dtype=torch.int64, device=group.device_type)
+        try:
+            backend.NATIVE["all_reduce"](backend, both, "max", tag=0, deadline=deadline, segment_bytes=0)
+        except TimeoutError as error:
+            raise TimeoutError(f"every rank to reach the mismatch check of {_describe(mine)} ({error}); a rank "
+                               "that never arrives is alive but stuck, or called something else first") from None
+        highest, negated_lowest = both.tolist()
+        if highest == -negated_lowest:
+            return
+    row = torch.tensor(mine, dtype=torch.int64, device=group.device_type)
+    everyone = torch.empty(backend.size * row.numel(), dtype=row.dtype, device=row.device)
+    backend.NATIVE["all_gather"](backend, everyone, row, tag=0, deadline=deadline, segment_bytes=0)
+    rows = everyone.view(backend.size, -1).tolist()
     for other in range(1, backend.size):
-        if not torch.equal(rows[0], rows[other]):
+        if rows[0] != rows[other]:
             raise CollectiveMismatchError(
                 f"rank {group.my_global_rank}: mismatched collectives on {group.describe()}: rank {group.ranks[0]} "
                 f"called {_describe(rows[0])}, but rank {group.ranks[other]} called {_describe(rows[other])}")
-

@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import math
 from typing import List, Optional
 
 import torch
 
-from .errors import CommTimeoutError
+from .errors import CommTimeoutError, InvalidArgumentError
 
 
-def timeout_seconds(timeout) -> Optional[float]:
-    """``timedelta`` or seconds → seconds; ``None`` and zero mean "no limit" (torch's ``kNoTimeout``)."""
+def timeout_seconds(timeout, what: str = "timeout") -> Optional[float]:
+    """``timedelta`` or seconds → seconds; ``None`` and zero mean "no limit of its own" (torch's ``kNoTimeout``:
+    the call's group deadline still applies).  A negative, NaN or non-numeric timeout raises
+    ``InvalidArgumentError`` naming ``what`` and the value."""
     if timeout is None:
         return None
-    if isinstance(timeout, datetime.timedelta):
-        timeout = timeout.total_seconds()
-    timeout = float(timeout)
-    return None if timeout <= 0 else timeout
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds < 0:
+        raise InvalidArgumentError(f"{what} must be a non-negative number of seconds or a datetime.timedelta "
+                                   f"(0 or None: no limit of its own), got {timeout!r}")
+    return None if seconds == 0 or math.isinf(seconds) else float(seconds)
 
 
 class Work:
@@ -46,7 +50,7 @@ class Work:
 
     def wait(self, timeout=None) -> bool:
         """Block until done; raise the operation's error, or ``CommTimeoutError`` after ``timeout``."""
-        seconds = timeout_seconds(timeout)
+        seconds = timeout_seconds(timeout, "Work.wait: timeout")
         if self._group is not None and not self._future.done() and self._group.on_executor():
             self._group.run_until(self._future)  # inside a future callback: see Group.run_until
         try:
