@@ -25,7 +25,20 @@ TIMEOUT = datetime.timedelta(seconds=1)
 
 
 def _late_peer_on(group, algorithm: str, late_s: float) -> dict:
-    """Rank 0 times out in an all_reduce on ``group``; rank 1 joins it ``late_s`` seconds later."""
+    """Rank 0 times out in an all_reduce on ``group``; rank 1 joins it ``late_s`` seconds later.
+
+    The mismatch check is off here: with it, rank 0 would time out in the check's own 16-byte
+    all_reduce, and the request left behind would point at the check's buffer, not at ``x``.
+    """
+    checking = dist.configure().check
+    dist.configure(check=False)
+    try:
+        return _late_peer_unchecked(group, algorithm, late_s)
+    finally:
+        dist.configure(check=checking)
+
+
+def _late_peer_unchecked(group, algorithm: str, late_s: float) -> dict:
     rank = dist.get_rank()
     seen = {"rank": rank}
     if rank == 0:
