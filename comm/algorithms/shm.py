@@ -37,6 +37,7 @@ import torch
 from ...ops.reduce import KERNELS, KERNELS_OUT
 from .. import shm
 from ..transport import Transport
+from .ring import _offsets  # the ring's prefix sums of per-rank counts
 
 #: all_reduce / reduce of at most this many bytes: one round, one sync, every rank reduces everything.
 SMALL_BYTES = 16 << 10
@@ -322,14 +323,6 @@ def scatter_shm(t: Transport, output: torch.Tensor, input: Optional[torch.Tensor
         a.sync(deadline, f"scatter (tag {tag})")
         if r != root:
             out[lo:hi].copy_(a.slot(first + k, root)[r * piece:r * piece + hi - lo])
-
-
-def _offsets(counts: Sequence[int]) -> list[int]:
-    out, at = [], 0
-    for c in counts:
-        out.append(at)
-        at += c
-    return out
 
 
 def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_counts: Sequence[int],
