@@ -11,6 +11,8 @@ all of them alike:
   ``all_reduce`` on the same tensor with ``algorithm=`` native, recursive_doubling, tree, ring.
 * gloo (2 forked processes): torch.distributed's own gloo ``all_reduce``, then zerocomm's
   with the same algorithms.
+* In both, zerocomm native once more with ``group=dist.group.WORLD`` (the torch ``ProcessGroup`` that
+  stands for the default group) instead of ``group=None``: the cost of resolving a group handle.
 
 Each call is timed on its own (OSU style: per-call latency, the median over calls and ranks'
 worst); ratios are to the peer (raw MPI, torch gloo) and to zerocomm native.  The second table
@@ -64,6 +66,15 @@ def _waiting_cpu(dist, rank: int, late_s: float = 2.0) -> float:
     return 100.0 * cpu / waited if rank == 0 else 0.0
 
 
+#: The native call with the group given as the torch ProcessGroup ``group.WORLD`` returns, not as None.
+HANDLE_VARIANT = "zerocomm native, group=group.WORLD"
+
+
+def _through_handle(dist, tensor):
+    world = dist.group.WORLD
+    return lambda: dist.all_reduce(tensor, group=world, algorithm="native")
+
+
 def _rounds(variants: dict, iters: int, barrier) -> dict:
     """Per-call seconds of each variant, interleaved in rounds of 100 calls."""
     times = {name: [] for name in variants}
@@ -99,6 +110,7 @@ def mpi_worker(iters: int) -> dict:
     variants = {"raw mpi4py Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, raw, op=MPI.SUM)}
     for algorithm in ALGORITHMS:
         variants[f"zerocomm {algorithm}"] = (lambda a=algorithm: dist.all_reduce(tensor, algorithm=a))
+    variants[HANDLE_VARIANT] = _through_handle(dist, tensor)
     result = _summary(_rounds(variants, iters, comm.Barrier))
     dist.configure(segment_bytes=4 << 20)
     big = torch.ones(RSS_BYTES // 4)
@@ -131,6 +143,7 @@ def gloo_worker(rank: int, iters: int, folder: str, out) -> None:
     variants = {"torch.distributed gloo": lambda: td.all_reduce(tensor)}
     for algorithm in ALGORITHMS:
         variants[f"zerocomm {algorithm}"] = (lambda a=algorithm: dist.all_reduce(tensor, algorithm=a))
+    variants[HANDLE_VARIANT] = _through_handle(dist, tensor)
     result = _summary(_rounds(variants, iters, td.barrier))
     big = torch.ones(RSS_BYTES // 4)
     rss = {algorithm: _peak_extra_rss(lambda a=algorithm: dist.all_reduce(big, algorithm=a))

@@ -26,8 +26,8 @@ from . import c10d
 
 c10d.register()  # torch code may now say init_process_group(backend="zerocomm")
 
-#: torch's name for a process group object.
-ProcessGroup = Group
+#: torch's process group class: what ``new_group`` and ``group.WORLD`` return is one (``c10d.handle_of``).
+ProcessGroup = c10d.td.ProcessGroup
 
 __all__ = [
     # torch.distributed's surface

@@ -1,4 +1,5 @@
-"""zerocomm as a torch c10d backend: ``init_process_group(backend="zerocomm")`` in plain torch code.
+"""zerocomm's groups as torch c10d process groups, and zerocomm as a c10d backend
+(``init_process_group(backend="zerocomm")`` in plain torch code).
 
 ``register()`` (called on ``import zerocomm.comm``) registers the name ``"zerocomm"`` with
 ``torch.distributed.Backend.register_backend`` for CPU tensors.  torch then calls
@@ -20,6 +21,15 @@ Choosing the transport and the algorithm (see :class:`Options`):
 Under ``mpiexec`` with ``ZEROCOMM_TRANSPORT=mpi`` this gives a pip-installed torch an MPI
 backend: torch's store only serves the rendezvous (each member writes its MPI rank there, so
 torch's rank numbering need not match MPI's), the bytes move over MPI.
+
+[Note: handles]  What zerocomm's own ``new_group`` and ``group.WORLD`` return is a
+:class:`ZerocommProcessGroup` too (:func:`handle_of`, one per group), so torch's
+``DistributedDataParallel`` takes a zerocomm group as it is.  The group itself stays a plain
+Python object (``Group``): zerocomm's calls read ``handle.zerocomm_group`` once, when they resolve
+the group, and every later attribute read on the call path is a plain object's.  (A ``Group``
+that subclassed torch's ``ProcessGroup`` would pay pybind11's attribute lookup on every one of
+those reads.)  zerocomm's ``Group`` attributes (``ranks``, ``backend``, ``timeout``, ...) read
+through the handle; ``rank()``, ``size()`` and ``name()`` are torch's methods there.
 """
 from __future__ import annotations
 
@@ -98,19 +108,27 @@ def create(dist_backend_opts, pg_options) -> "ZerocommProcessGroup":
         communicator = _mpi_communicator(store, rank, size, name)
     ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(size))
     group = Group(ranks, rank, communicator, timeout, transport, name)
-    return ZerocommProcessGroup(group, options.algorithm, str(dist_backend_opts.group_id))
+    group.handle = ZerocommProcessGroup(group, options.algorithm, str(dist_backend_opts.group_id))
+    return group.handle
+
+
+def handle_of(group: Group) -> "ZerocommProcessGroup":
+    """The c10d ``ProcessGroup`` that stands for ``group`` in user code: what ``new_group`` and
+    ``group.WORLD`` return (made on first use, then the same object; see [Note: handles])."""
+    handle = group.handle
+    if handle is None:
+        handle = group.handle = ZerocommProcessGroup(group, None, group.name)
+    return handle
 
 
 def as_process_group(group=None) -> "ZerocommProcessGroup":
-    """A torch c10d ``ProcessGroup`` over an existing zerocomm ``group`` (the default one if None): the same
-    members, communicator and order of calls, no new connection.  Hand it to torch's
-    ``DistributedDataParallel(process_group=...)`` or a DDP communication hook.  torch's registry does not
-    know it, so torch functions that look a group up there (``torch.distributed.get_rank(pg)``, ``DeviceMesh``,
-    FSDP2, ``ZeroRedundancyOptimizer``) need a group made by ``init_process_group("zerocomm")`` or
-    ``new_group(backend="zerocomm")`` instead."""
+    """The torch c10d ``ProcessGroup`` of a zerocomm ``group`` (the default one if None): the same members,
+    communicator and order of calls, no new connection.  ``new_group`` and ``group.WORLD`` already return it;
+    this also takes a ``Group`` or None.  torch's registry does not know it, so torch functions that look a
+    group up there (``torch.distributed.get_rank(pg)``, ``DeviceMesh``, FSDP2, ``ZeroRedundancyOptimizer``)
+    need a group made by ``init_process_group("zerocomm")`` or ``new_group(backend="zerocomm")`` instead."""
     from .validate import resolve_group
-    g = resolve_group(group, "as_process_group")
-    return ZerocommProcessGroup(g, None, g.name)
+    return handle_of(resolve_group(group, "as_process_group"))
 
 
 def register() -> None:
@@ -149,11 +167,18 @@ def _splits(sizes) -> Optional[list]:
     return list(sizes) if sizes else None
 
 
+def _reduce_op(opts):
+    """The ``ReduceOp`` of ``opts``: an options struct, a ``ReduceOp`` (torch's short forms), or None (SUM)."""
+    return td.ReduceOp.SUM if opts is None else getattr(opts, "reduceOp", opts)
+
+
 class ZerocommProcessGroup(td.ProcessGroup):
     """A c10d process group whose collectives run on a zerocomm ``Group`` (see the module's docstring).
 
     Ranks in the methods' options (``rootRank``, ``dstRank``, ``srcRank``) are group ranks, as c10d
-    passes them; they are handed on as ``group_src``/``group_dst``.
+    passes them; they are handed on as ``group_src``/``group_dst``.  The methods user code calls directly
+    (``allreduce``, ``broadcast``, ``allgather``, ``barrier``) also take torch's short forms: one tensor
+    instead of a list, a ``ReduceOp`` or a root rank instead of the options struct.
     """
 
     def __init__(self, group: Group, algorithm: Optional[str] = None, name: str = ""):
@@ -177,7 +202,15 @@ class ZerocommProcessGroup(td.ProcessGroup):
         g = self.zerocomm_group
         return f"<ZerocommProcessGroup {g.name} transport={g.backend} rank={g.rank} size={g.size()}>"
 
+    def __getattr__(self, name: str):
+        # Only names found nowhere else get here: zerocomm's Group attributes (ranks, backend, timeout, ...).
+        if name.startswith("_") or name == "zerocomm_group":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.zerocomm_group, name)
+
     def _one(self, tensors, what: str) -> torch.Tensor:
+        if isinstance(tensors, torch.Tensor):
+            return tensors
         if len(tensors) != 1:
             raise UnsupportedError(f"rank {self.zerocomm_group.my_global_rank}: {what}: zerocomm's c10d backend takes "
                                    f"one tensor per call (one CPU device), got {len(tensors)}")
@@ -185,9 +218,8 @@ class ZerocommProcessGroup(td.ProcessGroup):
 
     # -- reductions ---------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        op = opts.reduceOp if opts is not None else td.ReduceOp.SUM
         tensor = self._one(tensors, "allreduce")
-        return _c10d_work(api.all_reduce(tensor, op, self.zerocomm_group, True, **self._kw))
+        return _c10d_work(api.all_reduce(tensor, _reduce_op(opts), self.zerocomm_group, True, **self._kw))
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else td.ReduceOp.SUM
@@ -222,14 +254,16 @@ class ZerocommProcessGroup(td.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # -- data movement ----------------------------------------------------------------------------------
-    def broadcast(self, tensors, opts):
+    def broadcast(self, tensors, opts=None):
         tensor = self._one(tensors, "broadcast")
-        return _c10d_work(api.broadcast(tensor, None, self.zerocomm_group, True, group_src=opts.rootRank,
-                                        **self._kw))
+        root = getattr(opts, "rootRank", opts) or 0
+        return _c10d_work(api.broadcast(tensor, None, self.zerocomm_group, True, group_src=root, **self._kw))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         tensor = self._one(input_tensors, "allgather")
-        return _c10d_work(api.all_gather(list(output_tensors[0]), tensor, self.zerocomm_group, True, **self._kw))
+        nested = output_tensors and isinstance(output_tensors[0], (list, tuple))
+        outputs = list(output_tensors[0] if nested else output_tensors)
+        return _c10d_work(api.all_gather(outputs, tensor, self.zerocomm_group, True, **self._kw))
 
     def all_gather_single(self, output, input, opts=None):
         return _c10d_work(api.all_gather_into_tensor(output, input, self.zerocomm_group, True, **self._kw))
@@ -274,6 +308,10 @@ class ZerocommProcessGroup(td.ProcessGroup):
         if timeout is not None and timeout.total_seconds() <= 0:
             timeout = None
         return _c10d_work(api.barrier(self.zerocomm_group, True, timeout=timeout))
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """``zerocomm.comm.monitored_barrier`` on this group (blocking, as torch's)."""
+        compat.monitored_barrier(self.zerocomm_group, timeout, wait_all_ranks)
 
     # -- point to point -----------------------------------------------------------------------------------
     def send(self, tensors, dst_rank: int, tag: int):

@@ -20,6 +20,7 @@ import concurrent.futures
 import os
 import pickle
 import time
+import warnings
 from datetime import timedelta  # noqa: F401  (torch.distributed exports it)
 from typing import Any, List, Optional
 
@@ -281,8 +282,16 @@ def monitored_barrier(group: Optional[Group] = None, timeout=None, wait_all_rank
 
     Every other rank sends rank 0 a token and waits for its release; rank 0 waits for each
     token in turn and raises ``CommTimeoutError`` (a ``DistBackendError``) naming the first
-    missing rank, or every missing rank when ``wait_all_ranks``.
+    missing rank, or every missing rank when ``wait_all_ranks``.  A process outside ``group`` (``new_group``
+    returned ``NON_GROUP_MEMBER``) returns at once with torch's warning.
     """
+    if group is NON_GROUP_MEMBER:
+        # As torch: a non-member returns at once, with torch's warning.  Unlike a collective that would leave
+        # its outputs unwritten, a monitored barrier has nothing for a non-member to check or to receive.
+        world = WORLD.require("monitored_barrier")
+        warnings.warn(f"Running monitored_barrier on global rank {world.my_global_rank} which does not belong to "
+                      "the given group.", stacklevel=2)
+        return None
     g = resolve_group(group, "monitored_barrier")
     # None: the group's timeout; zero (or less) is a real, already spent, limit (as torch's gloo).
     seconds = g.timeout.total_seconds() if timeout is None else max(

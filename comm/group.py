@@ -51,6 +51,7 @@ class Group(ProcessGroupMethods):
         backend: the backend's name; ``backend_type`` its class, ``device_type`` the device it moves.
         timeout: bound on every blocking wait of this group's calls.
         name: a name unique in the world, for messages and stores.
+        handle: the torch c10d ``ProcessGroup`` that stands for this group in user code (``c10d.handle_of``).
     """
 
     def __init__(self, ranks: List[int], rank: int, communicator: Backend, timeout: datetime.timedelta,
@@ -66,6 +67,7 @@ class Group(ProcessGroupMethods):
         self.backend = backend
         self.name = name
         self.my_global_rank = self.ranks[rank]
+        self.handle = None
         #: (collective, dtype, op, requested algorithm) -> (algorithm, function), for cells whose choice does
         #: not depend on the size (see ``validate.choose_algorithm``).
         self.choices: Dict[tuple, tuple] = {}

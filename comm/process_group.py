@@ -225,16 +225,18 @@ def destroy_process_group(group=None) -> None:
         _write_env_profiles()
         WORLD.reset()
         return
-    if isinstance(group, Group):
-        group.close()
-        WORLD.groups.pop(group.name, None)
+    g = getattr(group, "zerocomm_group", group)  # the handle new_group returned, or the group
+    if isinstance(g, Group) and WORLD.groups.get(g.name) is g:
+        g.close()
+        WORLD.groups.pop(g.name, None)
 
 
 def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization: bool = False,
               group_desc=None, device_id=None, sort_ranks: bool = True):
     """A group over the global ``ranks``. Every process of the world calls it, in the same order.
 
-    Returns the ``Group`` on members and ``NON_GROUP_MEMBER`` elsewhere.
+    Returns the group's torch ``ProcessGroup`` (``c10d.handle_of``: torch's DDP takes it) on members and
+    ``NON_GROUP_MEMBER`` elsewhere.
     """
     world = WORLD.require("new_group")
     size = world.size()
@@ -258,7 +260,8 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     topology.inherit(communicator, world.communicator, members)
     group = Group(members, members.index(world.my_global_rank), communicator, timeout, world.backend, name)
     WORLD.groups[name] = group
-    return group
+    from .c10d import handle_of  # c10d imports this module's users: a late import
+    return handle_of(group)
 
 
 def _group_or_world(group, what: str) -> Optional[Group]:
@@ -312,11 +315,14 @@ def get_group_rank(group, global_rank: int) -> int:
 
 
 class _GroupNamespace:
-    """``group.WORLD`` as in torch: the default group once initialized, else None."""
+    """``group.WORLD`` as in torch: the default group's torch ``ProcessGroup`` once initialized, else None."""
 
     @property
     def WORLD(self):  # noqa: N802  (torch's name)
-        return WORLD.default
+        if WORLD.default is None:
+            return None
+        from .c10d import handle_of
+        return handle_of(WORLD.default)
 
 
 class _GroupMemberNamespace(_GroupNamespace):

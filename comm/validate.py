@@ -67,23 +67,22 @@ class Call(NamedTuple):
 # -- groups and single checks --------------------------------------------------------------------
 
 def resolve_group(group, what: str) -> Group:
-    """The ``Group`` a call runs on: ``None`` means the default group."""
+    """The ``Group`` a call runs on: ``None`` means the default group; a torch ``ProcessGroup`` of zerocomm's
+    (what ``new_group`` returns, or a group torch made on backend "zerocomm") gives its ``zerocomm_group``."""
     if group is None:
         g = WORLD.default
         if g is None:
             WORLD.require(what)  # raises NotInitializedError
         return g
-    if isinstance(group, Group):
-        if group.communicator is None:
-            raise InvalidArgumentError(f"{what}: {group.describe()} was destroyed")
-        return group
+    g = group if type(group) is Group else getattr(group, "zerocomm_group", group)
+    if isinstance(g, Group):
+        if g.communicator is None:
+            raise InvalidArgumentError(f"{what}: {g.describe()} was destroyed")
+        return g
     if group is NON_GROUP_MEMBER:
         world = WORLD.require(what)
         raise InvalidArgumentError(f"rank {world.my_global_rank}: {what}: this process is not a member of the "
                                    "group it passed (new_group returned NON_GROUP_MEMBER here)")
-    inner = getattr(group, "zerocomm_group", None)  # a torch group made by init_process_group("zerocomm")
-    if isinstance(inner, Group):
-        return resolve_group(inner, what)
     raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
 
 
@@ -295,7 +294,9 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
         return False
     g = WORLD.default if group is None else group
     if type(g) is not Group:
-        return False
+        g = getattr(g, "zerocomm_group", None)  # the ProcessGroup new_group returned
+        if type(g) is not Group:
+            return False
     rows = g.short.get((algorithm, tensor.dtype))
     if rows is None or not tensor.is_contiguous() or not tensor.is_cpu or _logged(10):
         return False

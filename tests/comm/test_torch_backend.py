@@ -53,29 +53,58 @@ def test_trainer_matches_torch_gloo(torch_world, trainer):
 
 
 def ddp_on_a_zerocomm_group() -> dict:
-    """torch's DDP on ``as_process_group()`` of zerocomm's default group, and the ProcessGroup methods a comm
-    hook calls on a zerocomm group; closed forms: rank r's input is all r + 1."""
+    """torch's DDP handed zerocomm's own groups as they are (``group.WORLD``, and a ``new_group`` of the first
+    and last ranks), and the ProcessGroup methods a comm hook calls on them; closed forms: rank r's input is
+    all r + 1.  On the rank outside the subgroup (world size 3), ``monitored_barrier`` returns with torch's
+    warning."""
+    import warnings
+
     import torch
+    import torch.distributed as td
     from torch.nn.parallel import DistributedDataParallel
 
     import zerocomm.comm as dist
     from zerocomm.comm.c10d import as_process_group
 
     r, n = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    ddp = DistributedDataParallel(torch.nn.Linear(4, 2), process_group=as_process_group())
-    ddp(torch.full((3, 4), float(r + 1))).sum().backward()
-    t = torch.full((2,), float(r + 1))
-    summed = dist.group.WORLD.allreduce([t]).get_future().wait()[0].tolist()
-    dist.group.WORLD.monitored_barrier()
-    return {"weight": ddp.module.weight.grad.tolist(), "bias": ddp.module.bias.grad.tolist(), "summed": summed}
+    members = sorted({0, n - 1})
+    world, sub = dist.group.WORLD, dist.new_group(members)
+    result = {"is_process_group": isinstance(world, td.ProcessGroup), "same_handle": as_process_group() is world}
+    for name, group in (("world", world), ("sub", sub)):
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                dist.monitored_barrier(group)
+            result["non_member_warning"] = [str(w.message) for w in caught]
+            continue
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(torch.nn.Linear(4, 2), process_group=group)
+        ddp(torch.full((3, 4), float(r + 1))).sum().backward()
+        t = torch.full((2,), float(r + 1))
+        summed = group.allreduce([t]).get_future().wait()[0].tolist()
+        group.monitored_barrier()
+        result[name] = {"weight": ddp.module.weight.grad.tolist(), "bias": ddp.module.bias.grad.tolist(),
+                        "summed": summed, "rank": (group.rank(), dist.get_rank(group)), "ranks": group.ranks}
+        del ddp
+    return result
 
 
 @pytest.mark.parametrize("world", worlds(("gloo",), (2, 3)), indirect=True)
 def test_ddp_and_hook_methods_on_a_zerocomm_group(world):
     n = world.world_size
+    members = sorted({0, n - 1})
     for rank, result in enumerate(world.run(ddp_on_a_zerocomm_group, timeout=RUN_TIMEOUT_S)):
-        # d(sum(W x + b))/dW[i][j] = sum over the batch of x[:, j] = 3 (r + 1), averaged over ranks.
-        assert result["weight"] == [[3 * (n + 1) / 2] * 4] * 2, (rank, result)
-        assert result["bias"] == [3.0, 3.0], (rank, result)
-        assert result["summed"] == [n * (n + 1) / 2] * 2, (rank, result)
+        assert result["is_process_group"] and result["same_handle"], (rank, result)
+        for name, ranks in (("world", list(range(n))), ("sub", members)):
+            if rank not in ranks:
+                assert name not in result, (rank, result)
+                assert result["non_member_warning"] == [
+                    f"Running monitored_barrier on global rank {rank} which does not belong to the given group."]
+                continue
+            got = result[name]
+            # d(sum(W x + b))/dW[i][j] = sum over the batch of x[:, j] = 3 (r + 1), averaged over the members.
+            mean = sum(m + 1 for m in ranks) / len(ranks)
+            assert got["weight"] == [[3 * mean] * 4] * 2, (rank, name, got)
+            assert got["bias"] == [3.0, 3.0], (rank, name, got)
+            assert got["summed"] == [mean * len(ranks)] * 2, (rank, name, got)
+            assert got["rank"] == (ranks.index(rank),) * 2 and got["ranks"] == ranks, (rank, name, got)
