@@ -6,7 +6,9 @@ as a method too.  ``Group`` inherits these from :class:`ProcessGroupMethods`; ea
 module-level zerocomm collective with ``async_op=True`` (so it returns a ``Work``), taking torch's
 argument forms: a list holding one tensor (zerocomm moves one CPU or one CUDA tensor per rank)
 and torch's option structs or a ``ReduceOp``.  ``rank`` and ``name`` stay zerocomm's attributes
-(torch's are methods): use ``get_rank(group)``.
+(torch's are methods): use ``get_rank(group)``.  User code rarely holds a ``Group``: ``new_group`` and
+``group.WORLD`` return its torch ``ProcessGroup`` (``c10d.handle_of``), whose methods are torch's; these
+serve code that holds the plain group (``handle.zerocomm_group``).
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@
 
 Two ranks are forked; each initializes torch's default group with backend "zerocomm" (gloo transport) and a
 ``new_group(backend="gloo")``; the same ~10M-parameter MLP is wrapped in DDP once per group (and once per zerocomm
-algorithm, through a ``new_group(backend="zerocomm", pg_options=Options(algorithm=...))``), and the steps
+algorithm, through a ``new_group(backend="zerocomm", pg_options=Options(algorithm=...))``), and once more on
+``zerocomm.comm.group.WORLD`` (zerocomm's own default group, gloo transport, handed to DDP as it is); the steps
 alternate between them so that machine load hits them alike.  Prints the median step time of each and the
 ratio to gloo.
 """
@@ -29,6 +30,8 @@ def model() -> torch.nn.Module:
 def rank_main(rank: int, world: int, store_path: str, steps: int, algorithms: list, queue) -> None:
     import torch.distributed as td
     from torch.nn.parallel import DistributedDataParallel
+
+    import zerocomm.comm as zc
     from zerocomm.comm.c10d import Options
 
     torch.set_num_threads(1)
@@ -38,6 +41,9 @@ def rank_main(rank: int, world: int, store_path: str, steps: int, algorithms: li
     groups = {"gloo": td.new_group(backend="gloo")}
     for algorithm in algorithms:
         groups[f"zerocomm/{algorithm}"] = td.new_group(backend="zerocomm", pg_options=Options(algorithm=algorithm))
+    zc.init_process_group("gloo", store=td.PrefixStore("zerocomm.comm/", store), rank=rank, world_size=world,
+                          timeout=datetime.timedelta(seconds=120))
+    groups["zerocomm.comm group.WORLD"] = zc.group.WORLD
     runs = {name: DistributedDataParallel(model(), process_group=group) for name, group in groups.items()}
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in runs.items()}
     x = torch.randn(32, 1024)
@@ -55,6 +61,7 @@ def rank_main(rank: int, world: int, store_path: str, steps: int, algorithms: li
         queue.put({name: statistics.median(t) for name, t in times.items()})
     del runs, optimizers  # before their groups: see the teardown note in tests/support/torch_backend_checks.py
     gc.collect()
+    zc.destroy_process_group()
     td.destroy_process_group()
 
 
