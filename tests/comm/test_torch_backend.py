@@ -86,6 +86,12 @@ def ddp_on_a_zerocomm_group() -> dict:
         result[name] = {"weight": ddp.module.weight.grad.tolist(), "bias": ddp.module.bias.grad.tolist(),
                         "summed": summed, "rank": (group.rank(), dist.get_rank(group)), "ranks": group.ranks}
         del ddp
+    if sub is not dist.GroupMember.NON_GROUP_MEMBER:
+        dist.destroy_process_group(sub)  # the handle new_group returned destroys its group
+        try:
+            dist.all_reduce(torch.ones(1), group=sub)
+        except dist.InvalidArgumentError as error:
+            result["after_destroy"] = str(error)
     return result
 
 
@@ -108,3 +114,5 @@ def test_ddp_and_hook_methods_on_a_zerocomm_group(world):
             assert got["bias"] == [3.0, 3.0], (rank, name, got)
             assert got["summed"] == [mean * len(ranks)] * 2, (rank, name, got)
             assert got["rank"] == (ranks.index(rank),) * 2 and got["ranks"] == ranks, (rank, name, got)
+        if rank in members:
+            assert "was destroyed" in result.get("after_destroy", ""), (rank, result)
