@@ -17,7 +17,14 @@ once.  ``copysign(s, x)`` is exactly the sent value ``s if x >= 0 else -s`` for 
 cancels, and ``+0.0 + t`` is +0.0 for ``t = -0.0`` (loaded states are cleared of -0.0 on load).
 NaN stays NaN either way.  ``settle`` turns x back into e when someone reads the state.
 
-CPU kernels work on blocks of ``BLOCK`` elements with numpy ufuncs writing into preallocated
+On CPU the three steps run in C when the optional extension ``zerocomm.ops._onebit`` was built
+(``NATIVE``; the README's install command builds it): one pass over memory per step, no Python per
+block, the GIL released, float32 work with float32, bfloat16 or float16 tensors read and written
+directly.  Without it (no compiler at install time, float64 tensors, or ``NATIVE = None``), numpy runs
+the same arithmetic in the same order, so both give the same bits; the sums of squares follow one
+fixed order for that reason (eight float64 lanes per ``SUM_BLOCK`` elements, see ``_lane_sums``).
+
+The numpy kernels work on blocks of ``BLOCK`` elements with ufuncs writing into preallocated
 scratch (no temporaries): a block's several passes stay in the core's L2 cache, so main memory
 sees one read of the state and the input and one write of the state per call.  numpy rather than
 torch for the element passes: its comparison writes a bool mask ~5x faster than ``torch.ge``, and
@@ -43,6 +50,30 @@ import torch
 #: L2 while the block's ufuncs run; larger blocks spill, smaller ones pay more per-call overhead.
 BLOCK = 1 << 18
 
+#: Elements whose squares are summed in one set of lanes before joining the call's lanes, and the
+#: number of lanes (element i of a segment goes to lane i % LANES): the C kernels' constants too
+#: (checked below), so both paths sum in the same order.  SUM_BLOCK divides ``BLOCK``.
+SUM_BLOCK = 1 << 15
+LANES = 32
+
+
+def _load_native():
+    """The C kernels (``ops/_onebit.c``), or ``None`` where the extension was not built."""
+    try:
+        from . import _onebit
+    except ImportError:
+        return None
+    if (_onebit.SUM_BLOCK, _onebit.LANES) != (SUM_BLOCK, LANES):  # a stale build: its sums would differ
+        return None
+    return _onebit
+
+
+#: The C kernels, or ``None``: the numpy path then runs.  Read when a codec is made (tests set it).
+NATIVE = _load_native()
+
+#: Tensor dtypes the C kernels read and write directly, and their source kind code.
+_NATIVE_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
 #: Packing multiplier of the torch path: eight 0/1 bytes of a little-endian uint64 times this put
 #: byte i's bit at bit 56 + i (the products never overlap, so there are no carries).
 _PACK_MAGIC = 0x0102040810204080
@@ -64,6 +95,18 @@ def scale_of(sum_of_squares: float, valid: int, dtype) -> float:
 
 def _clamp(value: int, high: int) -> int:
     return min(max(value, 0), high)
+
+
+def _raw(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor's memory: float32 as is, 16-bit floats as int16 (numpy has no bfloat16)."""
+    return tensor.numpy() if tensor.dtype == torch.float32 else tensor.view(torch.int16).numpy()
+
+
+def _join_lanes(lanes: np.ndarray) -> float:
+    """The lanes' total: the two halves added lane by lane until one is left (as the C kernels join)."""
+    while lanes.size > 1:
+        lanes = lanes[:lanes.size // 2] + lanes[lanes.size // 2:]
+    return float(lanes[0])
 
 
 class Codec:
@@ -108,8 +151,11 @@ class _CpuCodec(Codec):
         self.sign_bit = _SIGN_BIT[self.np_dtype]
         self.item = np.dtype((np.void, 8 * self.np_dtype.itemsize))  # one table row: 8 values
         self.rows = _sign_rows(self.np_dtype)
+        #: The C kernels for float32 work (``None``: numpy).
+        self.native = NATIVE if dtype == torch.float32 else None
         self.tmp = np.empty(BLOCK, self.np_dtype)
         self.acc = np.empty(BLOCK, self.np_dtype)
+        self.squares = np.empty(SUM_BLOCK, np.float64)
         self.mask = np.empty(BLOCK, np.bool_)
         self.index = np.empty(BLOCK // 8, np.intp)
         self.send_np, self.recv_np = self.send.numpy(), self.recv.numpy()
@@ -119,27 +165,49 @@ class _CpuCodec(Codec):
 
     def worker(self, tensor: torch.Tensor, x: torch.Tensor, pending: Optional[float]) -> float:
         """Step 1: x ← (x − sent) + tensor, signs into ``send``; the new scale (also in every row)."""
-        src = tensor.detach() if tensor.dtype == self.dtype else tensor.detach().to(self.dtype)
-        t, x, seg = src.numpy(), x.numpy(), self.seg
+        x, seg, native = x.numpy(), self.seg, self.native
         total = 0.0
-        for j in range(self.n):
-            base = j * seg
-            total += self.encode(x[base:base + seg], lambda a, b: t[base + a:base + b], self.segment_valid(j),
-                                 pending, self.send_np[j, :self.seg_bytes])
+        if native is not None and tensor.dtype in _NATIVE_KINDS:
+            t, kind = _raw(tensor.detach()), _NATIVE_KINDS[tensor.dtype]
+            for j in range(self.n):
+                base, valid = j * seg, self.segment_valid(j)
+                total += native.encode(x[base:base + seg], valid, pending, self.send_np[j, :self.seg_bytes],
+                                       t[base:base + valid], kind)
+        else:
+            src = tensor.detach() if tensor.dtype == self.dtype else tensor.detach().to(self.dtype)
+            t = src.numpy()
+            for j in range(self.n):
+                base = j * seg
+                total += self.encode(x[base:base + seg], lambda a, b: t[base + a:base + b], self.segment_valid(j),
+                                     pending, self.send_np[j, :self.seg_bytes])
         scale = scale_of(total, self.numel, self.np_dtype)
         self.send_np[:, self.seg_bytes:] = self._scale_as_bytes(scale)
         return scale
 
     def server(self, x: torch.Tensor, pending: Optional[float]) -> float:
         """Step 3: x ← (x − sent) + mean of ``recv``'s rows, signs and scale into ``mine``; the scale."""
-        src = self.mean_source(self.recv_np[:, :self.seg_bytes], self._scales(self.recv_np))
-        total = self.encode(x.numpy(), src, self.valid, pending, self.mine_np[:self.seg_bytes])
+        values, divisor = self.mean_terms(self._scales(self.recv_np))
+        if self.native is not None:
+            total = self.native.encode_mean(x.numpy(), self.valid, pending, self.mine_np[:self.seg_bytes],
+                                            self.recv_np, self.row, values, divisor or 0.0)
+        else:
+            src = self.mean_source(self.recv_np[:, :self.seg_bytes], values, divisor)
+            total = self.encode(x.numpy(), src, self.valid, pending, self.mine_np[:self.seg_bytes])
         scale = scale_of(total, self.valid, self.np_dtype)
         self.mine_np[self.seg_bytes:] = self._scale_as_bytes(scale)
         return scale
 
     def decode(self, tensor: torch.Tensor) -> None:
         """Step 4: ``tensor`` (``numel`` elements) ← every gathered row's ``±scale`` values."""
+        if self.native is not None and tensor.dtype in _NATIVE_KINDS:
+            out = _raw(tensor.detach())
+            for j, scale in enumerate(self._scales(self.gathered_np)):
+                # ±scale rounded once to the tensor's dtype, as the numpy path's final copy_ rounds them
+                signed = torch.tensor([scale, -scale], dtype=self.dtype).to(tensor.dtype)
+                pos, neg = signed.view(torch.uint8).numpy().reshape(2, -1)
+                base, count = j * self.seg, self.segment_valid(j)
+                self.native.decode(out[base:base + count], self.gathered_np[j], count, pos.tobytes(), neg.tobytes())
+            return
         direct = tensor.dtype == self.dtype
         out = tensor.detach().numpy() if direct else np.empty(self.numel, self.np_dtype)
         tail = self.tmp[:8]
@@ -168,7 +236,7 @@ class _CpuCodec(Codec):
         ``x``: 1-D, a multiple of 8 elements; ``src(a, b)`` returns the source of elements [a, b);
         ``bits``: ``len(x) / 8`` bytes.  Returns the sum of squares of the new ``x[:valid]``.
         """
-        total = 0.0
+        lanes = np.zeros(LANES)
         as_int = self.int_type
         scale_bits = None if pending is None else self.np_dtype.type(pending).view(as_int)
         for a in range(0, x.size, BLOCK):
@@ -183,13 +251,29 @@ class _CpuCodec(Codec):
                     np.bitwise_or(sent.view(as_int), scale_bits, out=sent.view(as_int))
                     np.subtract(head, sent, out=head)
                 np.add(head, src(a, hi), out=head)
-                total += float(np.dot(head, head))
             if hi < b:
                 xb[hi - a:] = 0
+            if hi > a:
+                self._lane_sums(xb, lanes)
             mask = self.mask[:b - a]
             np.greater_equal(xb, 0, out=mask)
             bits[a // 8:b // 8] = np.packbits(mask, bitorder="little")
-        return total
+        return _join_lanes(lanes)
+
+    def _lane_sums(self, xb: np.ndarray, lanes: np.ndarray) -> None:
+        """lanes[j] += the squares of xb's elements ``LANES k + j``, in float64, a ``SUM_BLOCK`` at a time.
+
+        Within a sum block each lane adds its squares in element order from 0 (numpy reduces the
+        first axis row by row), and the block's lanes then join ``lanes``: the C kernels' order.
+        ``xb`` starts on a sum block's boundary; zeros pad its last block to whole rows (adding +0.0
+        changes no sum)."""
+        for s in range(0, xb.size, SUM_BLOCK):
+            part = xb[s:s + SUM_BLOCK]
+            rows = -(-part.size // LANES)
+            squares = self.squares[:rows * LANES]
+            np.multiply(part, part, out=squares[:part.size], dtype=np.float64)  # exact for float32 elements
+            squares[part.size:] = 0
+            lanes += np.add.reduce(squares.reshape(rows, LANES), axis=0)
 
     def table(self, scale: float) -> np.ndarray:
         """The 256 rows ``±scale``, each one 8-value item (for ``np.take``)."""
@@ -208,14 +292,22 @@ class _CpuCodec(Codec):
             np.copyto(index, packed[a:a + step])
             np.take(table, index, out=items[a:a + step], mode="clip")
 
-    def mean_source(self, packed_rows: np.ndarray, scales: list[float]) -> Callable[[int, int], np.ndarray]:
-        """``src(a, b)``: the mean over the rows of their decoded elements [a, b), summed in row order."""
+    def mean_terms(self, scales: list[float]) -> tuple[list[float], Optional[float]]:
+        """The mean of rows with ``scales``: (each row's ``±value``, rounded to the work dtype; the divisor
+        of their sum, or ``None``)."""
         n = len(scales)
         # For n a power of two, dividing by n scales exactly, so it can go into the tables: one pass
         # fewer, the same values (barring subnormal scales).
         folded = n & (n - 1) == 0
-        tables = [self.table(s / n if folded else s) for s in scales]
-        divisor = None if folded else self.np_dtype.type(n)
+        values = [float(self.np_dtype.type(s / n if folded else s)) for s in scales]
+        return values, None if folded else float(n)
+
+    def mean_source(self, packed_rows: np.ndarray, values: list[float],
+                    divisor: Optional[float]) -> Callable[[int, int], np.ndarray]:
+        """``src(a, b)``: the mean over the rows of their decoded elements [a, b), summed in row order
+        (``mean_terms``' values and divisor)."""
+        tables = [self.table(v) for v in values]
+        divisor = None if divisor is None else self.np_dtype.type(divisor)
 
         def src(a: int, b: int) -> np.ndarray:
             lo, hi = a // 8, -(-b // 8)

@@ -1,0 +1,431 @@
+/* zerocomm.ops._onebit: the CPU kernels of the 1-bit all_reduce, one pass over the data each.
+ *
+ * Optional: zerocomm.ops.onebit_kernels uses these when the module imports and runs the same
+ * arithmetic with numpy otherwise.  Both give the same bits (a test checks it), so everything
+ * here follows the numpy path's order of operations exactly:
+ *
+ *   encode  x[i] <- (x[i] - copysign(pending, x[i])) + src[i]  for i < valid, 0 after;
+ *           bit i of the packed signs <- x[i] >= 0 (little-end bit order, see ops/onebit.py);
+ *           returns the sum of x[i]^2 in float64, summed as the numpy path sums it: per BLOCK of
+ *           elements (from x's start), LANES lanes (lane j takes elements LANES k + j, in order,
+ *           from 0), the block's lanes then added to the call's lanes, and the lanes joined
+ *           pairwise: lane j + lane j + 16, then j + 8, j + 4, j + 2, j + 1 (join_lanes).
+ *           src is float32, bfloat16 or float16 (converted exactly); with rows given it is instead
+ *           the mean of n packed rows: sum over r (in order) of +-t_r, then / divisor if not 0.
+ *   decode  out[i] <- pos if bit i else neg, for an element of 2, 4 or 8 bytes.
+ *
+ * Every loop runs with the GIL released.  Compiled with -ffp-contract=off, so no multiply-add is
+ * fused and float32 rounds exactly as numpy's ufuncs round; the float32 work stays float32.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+/* Elements per sum-of-squares block; must equal onebit_kernels.SUM_BLOCK (exported as SUM_BLOCK and
+ * checked there at import). */
+#define BLOCK ((Py_ssize_t)1 << 15)
+/* Elements per piece of a row mean: its scratch (4 KiB) stays in L1 between decoding and use. */
+#define PIECE 1024
+/* Lanes of the sums of squares: element i (counted from x's start) goes to lane i % LANES. */
+#define LANES 32
+
+typedef double v4d __attribute__((vector_size(32)));
+typedef float v4sf __attribute__((vector_size(16)));
+
+enum { SRC_F32 = 0, SRC_BF16 = 1, SRC_F16 = 2, SRC_MEAN = 3 };
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+/* One build runs everywhere: the loader picks the AVX2 copy where the CPU has it. */
+#define HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define HOT
+#endif
+
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float from_bf16(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+/* Exact float16 -> float32: the exponent is rebased by a multiply by 2^112 (exact, subnormals
+ * included); infinities and NaNs get the all-ones exponent. */
+static inline float from_f16(uint16_t h) {
+    uint32_t em = h & 0x7fffu, sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t u = f32_bits(bits_f32(em << 13) * 0x1p112f);
+    if (em >= 0x7c00u) u = (em << 13) | 0x7f800000u;
+    return bits_f32(u | sign);
+}
+
+static inline float load(const void *src, int kind, Py_ssize_t i) {
+    switch (kind) {
+    case SRC_BF16: return from_bf16(((const uint16_t *)src)[i]);
+    case SRC_F16: return from_f16(((const uint16_t *)src)[i]);
+    default: return ((const float *)src)[i];
+    }
+}
+
+/* x[i] <- (x[i] - copysign(p, x[i])) + src[i] over m elements; kind and has_p are constants after
+ * inlining into encode_run's cases, so each case compiles to its own vectorised loop. */
+static inline __attribute__((always_inline)) void
+update(float *restrict x, const void *restrict src, int kind, int has_p, float p, Py_ssize_t m) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        float v = x[i];
+        if (has_p) v = v - copysignf(p, v);
+        x[i] = v + load(src, kind, i);
+    }
+}
+
+/* bits[g] <- the signs (x >= 0) of x[8g .. 8g + 7], bit j for element 8g + j. */
+static inline __attribute__((always_inline)) void
+pack(const float *restrict x, Py_ssize_t ngroups, uint8_t *restrict bits) {
+#if defined(__SSE2__)
+    /* Ordered compare: NaN gives 0, -0.0 gives 1, as x >= 0 does; movemask takes one bit a lane. */
+    const __m128 zero = _mm_setzero_ps();
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        int low = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(x + 8 * g), zero));
+        int high = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(x + 8 * g + 4), zero));
+        bits[g] = (uint8_t)(low | high << 4);
+    }
+#else
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        unsigned byte = 0;
+        for (int j = 0; j < 8; j++) byte |= (unsigned)(x[8 * g + j] >= 0.0f) << j;
+        bits[g] = (uint8_t)byte;
+    }
+#endif
+}
+
+/* ngroups whole groups of 8 real elements: update, then (from L1) the lanes' squares and the signs. */
+HOT static void
+encode_run(float *restrict x, const void *restrict src, int kind, int has_p, float p, Py_ssize_t ngroups,
+           uint8_t *restrict bits, double *restrict lane) {
+    Py_ssize_t m = 8 * ngroups;
+    if (has_p) {
+        switch (kind) {
+        case SRC_BF16: update(x, src, SRC_BF16, 1, p, m); break;
+        case SRC_F16: update(x, src, SRC_F16, 1, p, m); break;
+        default: update(x, src, SRC_F32, 1, p, m); break;
+        }
+    } else {
+        switch (kind) {
+        case SRC_BF16: update(x, src, SRC_BF16, 0, p, m); break;
+        case SRC_F16: update(x, src, SRC_F16, 0, p, m); break;
+        default: update(x, src, SRC_F32, 0, p, m); break;
+        }
+    }
+    /* LANES sums in registers, eight 4-wide accumulators: enough independent additions in flight to
+     * hide the add's latency (an array in memory would go through the stack on every step). */
+    v4d acc[LANES / 4];
+    memcpy(acc, lane, sizeof acc);
+    Py_ssize_t g = 0;
+    for (; g + LANES / 8 <= ngroups; g += LANES / 8) {
+        const float *v = x + 8 * g;
+        for (int q = 0; q < LANES / 4; q++) {
+            v4d w = {v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]};
+            acc[q] += w * w;
+        }
+    }
+    memcpy(lane, acc, sizeof acc);
+    for (; g < ngroups; g++)  /* the last few groups of a segment: their lanes, one at a time */
+        for (int j = 0; j < 8; j++) {
+            Py_ssize_t i = 8 * g + j;
+            lane[i % LANES] += (double)x[i] * (double)x[i];
+        }
+    pack(x, ngroups, bits);
+}
+
+/* Elements [a, b) one at a time (a group holding the last real element, or padding). */
+static void
+encode_slow(float *x, const void *src, int kind, int has_p, float p, Py_ssize_t a, Py_ssize_t b,
+            Py_ssize_t valid, uint8_t *bits, double *lane) {
+    for (Py_ssize_t i = a; i < b; i++) {
+        float v = 0.0f;
+        if (i < valid) {
+            v = x[i];
+            if (has_p) v = v - copysignf(p, v);
+            v = v + load(src, kind, i - a);
+        }
+        x[i] = v;
+        lane[i % LANES] += (double)v * (double)v;
+        if (v >= 0.0f) bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+        else bits[i >> 3] &= (uint8_t)~(1u << (i & 7));
+    }
+}
+
+static inline v4sf load4(const float *p) { v4sf v; memcpy(&v, p, sizeof v); return v; }
+static inline void store4(float *p, v4sf v) { memcpy(p, &v, sizeof v); }
+
+/* The mean of n packed rows over elements [a, a + count) (a a multiple of 8) into acc: row 0's
+ * values, then each further row's added in row order, then divided (unless divisor is 0).  A table
+ * row is the 8 float32 values a byte stands for. */
+HOT static void
+row_mean(const uint8_t *rows, Py_ssize_t stride, Py_ssize_t n, const float *tables, float divisor,
+         Py_ssize_t a, Py_ssize_t count, float *restrict acc) {
+    Py_ssize_t nbytes = (count + 7) / 8, m = 8 * nbytes;
+    const uint8_t *row = rows + a / 8;
+    for (Py_ssize_t k = 0; k < nbytes; k++) {
+        const float *t = tables + 8 * row[k];
+        store4(acc + 8 * k, load4(t)), store4(acc + 8 * k + 4, load4(t + 4));
+    }
+    for (Py_ssize_t r = 1; r < n; r++) {
+        const float *table = tables + 256 * 8 * r;
+        row = rows + r * stride + a / 8;
+        for (Py_ssize_t k = 0; k < nbytes; k++) {
+            const float *t = table + 8 * row[k];
+            store4(acc + 8 * k, load4(acc + 8 * k) + load4(t));
+            store4(acc + 8 * k + 4, load4(acc + 8 * k + 4) + load4(t + 4));
+        }
+    }
+    if (divisor != 0.0f)
+        for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] / divisor;
+}
+
+typedef struct {
+    const uint8_t *rows;  /* SRC_MEAN: n rows of packed signs, stride bytes apart */
+    Py_ssize_t stride, n;
+    const float *tables;  /* n tables of 256 x 8 values +-t_r */
+    float divisor;
+} mean_src;
+
+/* The lanes' total: halves added lane by lane until one is left (the numpy path joins them alike). */
+static double
+join_lanes(double *lane) {
+    for (int width = LANES / 2; width >= 1; width /= 2)
+        for (int j = 0; j < width; j++) lane[j] = lane[j] + lane[j + width];
+    return lane[0];
+}
+
+/* The whole encode of one x (see the top of the file); returns the sum of squares. */
+static double
+encode(float *x, Py_ssize_t size, Py_ssize_t valid, int has_p, float p, const void *src, int kind,
+       const mean_src *mean, uint8_t *bits) {
+    double total[LANES] = {0};
+    float acc[PIECE];
+    for (Py_ssize_t a = 0; a < size; a += BLOCK) {
+        Py_ssize_t b = a + BLOCK < size ? a + BLOCK : size;
+        double lane[LANES] = {0};
+        for (Py_ssize_t c = a; c < b; c += PIECE) {
+            Py_ssize_t d = c + PIECE < b ? c + PIECE : b;
+            Py_ssize_t real = valid > c ? (valid < d ? valid : d) - c : 0;  /* real elements in [c, d) */
+            const void *from = src;
+            int from_kind = kind;
+            Py_ssize_t offset = c;
+            if (kind == SRC_MEAN) {
+                if (real > 0)
+                    row_mean(mean->rows, mean->stride, mean->n, mean->tables, mean->divisor, c, real, acc);
+                from = acc, from_kind = SRC_F32, offset = 0;
+            }
+            Py_ssize_t whole = real / 8;  /* groups with no padding in them */
+            const void *at = from_kind == SRC_F32 ? (const void *)((const float *)from + offset)
+                                                  : (const void *)((const uint16_t *)from + offset);
+            encode_run(x + c, at, from_kind, has_p, p, whole, bits + c / 8, lane);
+            if (c + 8 * whole < d) {
+                Py_ssize_t s = c + 8 * whole;
+                const void *rest = from_kind == SRC_F32 ? (const void *)((const float *)at + 8 * whole)
+                                                        : (const void *)((const uint16_t *)at + 8 * whole);
+                encode_slow(x, rest, from_kind, has_p, p, s, d, valid, bits, lane);
+            }
+        }
+        for (int j = 0; j < LANES; j++) total[j] += lane[j];
+    }
+    return join_lanes(total);
+}
+
+/* --- Python wrappers --------------------------------------------------------------------------- */
+
+static int
+get_pending(PyObject *obj, int *has_p, float *p) {
+    if (obj == Py_None) {
+        *has_p = 0, *p = 0.0f;
+        return 0;
+    }
+    double value = PyFloat_AsDouble(obj);
+    if (value == -1.0 && PyErr_Occurred()) return -1;
+    *has_p = 1, *p = (float)value;
+    return 0;
+}
+
+static int
+check_encode(Py_buffer *x, Py_ssize_t valid, Py_buffer *bits) {
+    if (x->len % 32 != 0) {
+        PyErr_Format(PyExc_ValueError, "encode: x must be float32 elements in whole groups of 8, got %zd bytes",
+                     x->len);
+        return -1;
+    }
+    Py_ssize_t size = x->len / 4;
+    if (valid < 0 || valid > size) {
+        PyErr_Format(PyExc_ValueError, "encode: valid must be in [0, %zd], got %zd", size, valid);
+        return -1;
+    }
+    if (bits->len < size / 8) {
+        PyErr_Format(PyExc_ValueError, "encode: %zd elements need %zd bytes of signs, got %zd", size, size / 8,
+                     bits->len);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(encode_doc,
+"encode(x, valid, pending, bits, src, kind) -> float\n\n"
+"x: writable float32 buffer (a multiple of 8 elements); src: valid elements of kind 0 (float32),\n"
+"1 (bfloat16) or 2 (float16); pending: the scale last sent, or None.  Returns the sum of squares.");
+
+static PyObject *
+py_encode(PyObject *self, PyObject *args) {
+    Py_buffer x, bits, src;
+    Py_ssize_t valid;
+    PyObject *pending;
+    int kind, has_p;
+    float p;
+    if (!PyArg_ParseTuple(args, "w*nOw*y*i", &x, &valid, &pending, &bits, &src, &kind)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t esize = kind == SRC_F32 ? 4 : 2;
+    if (get_pending(pending, &has_p, &p) < 0 || check_encode(&x, valid, &bits) < 0) goto done;
+    if (kind < SRC_F32 || kind > SRC_F16) {
+        PyErr_Format(PyExc_ValueError, "encode: kind must be 0, 1 or 2, got %d", kind);
+        goto done;
+    }
+    if (src.len < valid * esize) {
+        PyErr_Format(PyExc_ValueError, "encode: %zd elements of source need %zd bytes, got %zd", valid,
+                     valid * esize, src.len);
+        goto done;
+    }
+    double total;
+    Py_BEGIN_ALLOW_THREADS
+    total = encode((float *)x.buf, x.len / 4, valid, has_p, p, src.buf, kind, NULL, (uint8_t *)bits.buf);
+    Py_END_ALLOW_THREADS
+    result = PyFloat_FromDouble(total);
+done:
+    PyBuffer_Release(&x), PyBuffer_Release(&bits), PyBuffer_Release(&src);
+    return result;
+}
+
+PyDoc_STRVAR(encode_mean_doc,
+"encode_mean(x, valid, pending, bits, rows, stride, values, divisor) -> float\n\n"
+"As encode, with src the mean of the packed rows: row r (stride bytes after row r-1 in rows) holds\n"
+"len(x) / 8 bytes of signs, each standing for +values[r] or -values[r] (float32); their sum, in row\n"
+"order, divided by divisor unless it is 0.");
+
+static PyObject *
+py_encode_mean(PyObject *self, PyObject *args) {
+    Py_buffer x, bits, rows;
+    Py_ssize_t valid, stride;
+    PyObject *pending, *values;
+    double divisor;
+    int has_p;
+    float p;
+    if (!PyArg_ParseTuple(args, "w*nOw*y*nOd", &x, &valid, &pending, &bits, &rows, &stride, &values, &divisor))
+        return NULL;
+    PyObject *result = NULL, *seq = NULL;
+    float *tables = NULL;
+    if (get_pending(pending, &has_p, &p) < 0 || check_encode(&x, valid, &bits) < 0) goto done;
+    seq = PySequence_Fast(values, "encode_mean: values must be a sequence of floats");
+    if (seq == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), size = x.len / 4;
+    if (n < 1 || stride < size / 8 || rows.len < (n - 1) * stride + size / 8) {
+        PyErr_Format(PyExc_ValueError, "encode_mean: %zd rows of %zd bytes, %zd apart, do not fit %zd bytes", n,
+                     size / 8, stride, rows.len);
+        goto done;
+    }
+    tables = malloc((size_t)n * 256 * 8 * sizeof(float));
+    if (tables == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < n; r++) {
+        double t = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, r));
+        if (t == -1.0 && PyErr_Occurred()) goto done;
+        for (int b = 0; b < 256; b++)
+            for (int j = 0; j < 8; j++) tables[(r * 256 + b) * 8 + j] = (b >> j) & 1 ? (float)t : -(float)t;
+    }
+    mean_src mean = {(const uint8_t *)rows.buf, stride, n, tables, (float)divisor};
+    double total;
+    Py_BEGIN_ALLOW_THREADS
+    total = encode((float *)x.buf, size, valid, has_p, p, NULL, SRC_MEAN, &mean, (uint8_t *)bits.buf);
+    Py_END_ALLOW_THREADS
+    result = PyFloat_FromDouble(total);
+done:
+    free(tables);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&x), PyBuffer_Release(&bits), PyBuffer_Release(&rows);
+    return result;
+}
+
+/* out (count elements of esize bytes) <- the table rows of the packed bytes. */
+HOT static void
+decode_run(uint8_t *restrict out, int esize, const uint8_t *restrict packed, Py_ssize_t count,
+           const uint8_t *restrict table) {
+    Py_ssize_t whole = count / 8, row = 8 * (Py_ssize_t)esize;
+    switch (esize) {  /* constant-size copies compile to plain vector moves */
+    case 2:
+        for (Py_ssize_t k = 0; k < whole; k++) memcpy(out + 16 * k, table + 16 * packed[k], 16);
+        break;
+    case 4:
+        for (Py_ssize_t k = 0; k < whole; k++) memcpy(out + 32 * k, table + 32 * packed[k], 32);
+        break;
+    default:
+        for (Py_ssize_t k = 0; k < whole; k++) memcpy(out + 64 * k, table + 64 * packed[k], 64);
+        break;
+    }
+    if (count > 8 * whole) memcpy(out + row * whole, table + row * packed[whole], (size_t)(count % 8) * esize);
+}
+
+PyDoc_STRVAR(decode_doc,
+"decode(out, packed, count, pos, neg)\n\n"
+"out: writable buffer of count elements of len(pos) bytes (2, 4 or 8); element i <- pos where bit i of\n"
+"packed is 1, neg where it is 0.");
+
+static PyObject *
+py_decode(PyObject *self, PyObject *args) {
+    Py_buffer out, packed, pos, neg;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "w*y*ny*y*", &out, &packed, &count, &pos, &neg)) return NULL;
+    PyObject *result = NULL;
+    int esize = (int)pos.len;
+    if ((esize != 2 && esize != 4 && esize != 8) || neg.len != pos.len) {
+        PyErr_Format(PyExc_ValueError, "decode: pos and neg must be one element of 2, 4 or 8 bytes, got %zd and %zd",
+                     pos.len, neg.len);
+        goto done;
+    }
+    if (count < 0 || out.len < count * esize || packed.len < (count + 7) / 8) {
+        PyErr_Format(PyExc_ValueError, "decode: %zd elements need %zd bytes of out and %zd packed, got %zd and %zd",
+                     count, count * esize, (count + 7) / 8, out.len, packed.len);
+        goto done;
+    }
+    uint8_t table[256 * 8 * 8];
+    for (int b = 0; b < 256; b++)
+        for (int j = 0; j < 8; j++) memcpy(table + (8 * b + j) * esize, (b >> j) & 1 ? pos.buf : neg.buf, esize);
+    Py_BEGIN_ALLOW_THREADS
+    decode_run((uint8_t *)out.buf, esize, (const uint8_t *)packed.buf, count, table);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&out), PyBuffer_Release(&packed), PyBuffer_Release(&pos), PyBuffer_Release(&neg);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"encode", py_encode, METH_VARARGS, encode_doc},
+    {"encode_mean", py_encode_mean, METH_VARARGS, encode_mean_doc},
+    {"decode", py_decode, METH_VARARGS, decode_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_onebit",
+    "C kernels of the 1-bit all_reduce (optional; zerocomm.ops.onebit_kernels falls back to numpy).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__onebit(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "SUM_BLOCK", (long)BLOCK) < 0
+                      || PyModule_AddIntConstant(m, "LANES", LANES) < 0) Py_CLEAR(m);
+    return m;
+}
