@@ -5,14 +5,13 @@
  * here follows the numpy path's order of operations exactly:
  *
  *   encode  x[i] <- (x[i] - copysign(pending, x[i])) + src[i]  for i < valid, 0 after;
- *           bit i of the packed signs <- x[i] >= 0 (little-end bit order, see ops/onebit.py);
- *           returns the sum of x[i]^2 in float64, summed as the numpy path sums it: per BLOCK of
- *           elements (from x's start), LANES lanes (lane j takes elements LANES k + j, in order,
- *           from 0), the block's lanes then added to the call's lanes, and the lanes joined
- *           pairwise: lane j + lane j + 16, then j + 8, j + 4, j + 2, j + 1 (join_lanes).
- *           src is float32, bfloat16 or float16 (converted exactly); with rows given it is instead
+ *           bit i of the packed signs <- x[i] >= 0 (little-end bit order, see ops/onebit.py).
+ *           src is float32, bfloat16 or float16 (converted exactly); for encode_mean it is instead
  *           the mean of n packed rows: sum over r (in order) of +-t_r, then / divisor if not 0.
  *   decode  out[i] <- pos if bit i else neg, for an element of 2, 4 or 8 bytes.
+ *
+ * The sum of squares that gives the scale is left to the caller (numpy's dot over the block just
+ * written, while it is still in cache), so that both paths sum in the same order.
  *
  * Every loop runs with the GIL released.  Compiled with -ffp-contract=off, so no multiply-add is
  * fused and float32 rounds exactly as numpy's ufuncs round; the float32 work stays float32.
@@ -28,15 +27,8 @@
 #include <emmintrin.h>
 #endif
 
-/* Elements per sum-of-squares block; must equal onebit_kernels.SUM_BLOCK (exported as SUM_BLOCK and
- * checked there at import). */
-#define BLOCK ((Py_ssize_t)1 << 15)
 /* Elements per piece of a row mean: its scratch (4 KiB) stays in L1 between decoding and use. */
 #define PIECE 1024
-/* Lanes of the sums of squares: element i (counted from x's start) goes to lane i % LANES. */
-#define LANES 32
-
-typedef double v4d __attribute__((vector_size(32)));
 typedef float v4sf __attribute__((vector_size(16)));
 
 enum { SRC_F32 = 0, SRC_BF16 = 1, SRC_F16 = 2, SRC_MEAN = 3 };
@@ -101,10 +93,10 @@ pack(const float *restrict x, Py_ssize_t ngroups, uint8_t *restrict bits) {
 #endif
 }
 
-/* ngroups whole groups of 8 real elements: update, then (from L1) the lanes' squares and the signs. */
+/* ngroups whole groups of 8 real elements: update, then (from L1) the signs. */
 HOT static void
 encode_run(float *restrict x, const void *restrict src, int kind, int has_p, float p, Py_ssize_t ngroups,
-           uint8_t *restrict bits, double *restrict lane) {
+           uint8_t *restrict bits) {
     Py_ssize_t m = 8 * ngroups;
     if (has_p) {
         switch (kind) {
@@ -119,31 +111,13 @@ encode_run(float *restrict x, const void *restrict src, int kind, int has_p, flo
         default: update(x, src, SRC_F32, 0, p, m); break;
         }
     }
-    /* LANES sums in registers, eight 4-wide accumulators: enough independent additions in flight to
-     * hide the add's latency (an array in memory would go through the stack on every step). */
-    v4d acc[LANES / 4];
-    memcpy(acc, lane, sizeof acc);
-    Py_ssize_t g = 0;
-    for (; g + LANES / 8 <= ngroups; g += LANES / 8) {
-        const float *v = x + 8 * g;
-        for (int q = 0; q < LANES / 4; q++) {
-            v4d w = {v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]};
-            acc[q] += w * w;
-        }
-    }
-    memcpy(lane, acc, sizeof acc);
-    for (; g < ngroups; g++)  /* the last few groups of a segment: their lanes, one at a time */
-        for (int j = 0; j < 8; j++) {
-            Py_ssize_t i = 8 * g + j;
-            lane[i % LANES] += (double)x[i] * (double)x[i];
-        }
     pack(x, ngroups, bits);
 }
 
 /* Elements [a, b) one at a time (a group holding the last real element, or padding). */
 static void
 encode_slow(float *x, const void *src, int kind, int has_p, float p, Py_ssize_t a, Py_ssize_t b,
-            Py_ssize_t valid, uint8_t *bits, double *lane) {
+            Py_ssize_t valid, uint8_t *bits) {
     for (Py_ssize_t i = a; i < b; i++) {
         float v = 0.0f;
         if (i < valid) {
@@ -152,7 +126,6 @@ encode_slow(float *x, const void *src, int kind, int has_p, float p, Py_ssize_t 
             v = v + load(src, kind, i - a);
         }
         x[i] = v;
-        lane[i % LANES] += (double)v * (double)v;
         if (v >= 0.0f) bits[i >> 3] |= (uint8_t)(1u << (i & 7));
         else bits[i >> 3] &= (uint8_t)~(1u << (i & 7));
     }
@@ -193,48 +166,30 @@ typedef struct {
     float divisor;
 } mean_src;
 
-/* The lanes' total: halves added lane by lane until one is left (the numpy path joins them alike). */
-static double
-join_lanes(double *lane) {
-    for (int width = LANES / 2; width >= 1; width /= 2)
-        for (int j = 0; j < width; j++) lane[j] = lane[j] + lane[j + width];
-    return lane[0];
-}
-
-/* The whole encode of one x (see the top of the file); returns the sum of squares. */
-static double
+/* The whole encode of one x (see the top of the file), a PIECE at a time. */
+static void
 encode(float *x, Py_ssize_t size, Py_ssize_t valid, int has_p, float p, const void *src, int kind,
        const mean_src *mean, uint8_t *bits) {
-    double total[LANES] = {0};
     float acc[PIECE];
-    for (Py_ssize_t a = 0; a < size; a += BLOCK) {
-        Py_ssize_t b = a + BLOCK < size ? a + BLOCK : size;
-        double lane[LANES] = {0};
-        for (Py_ssize_t c = a; c < b; c += PIECE) {
-            Py_ssize_t d = c + PIECE < b ? c + PIECE : b;
-            Py_ssize_t real = valid > c ? (valid < d ? valid : d) - c : 0;  /* real elements in [c, d) */
-            const void *from = src;
-            int from_kind = kind;
-            Py_ssize_t offset = c;
-            if (kind == SRC_MEAN) {
-                if (real > 0)
-                    row_mean(mean->rows, mean->stride, mean->n, mean->tables, mean->divisor, c, real, acc);
-                from = acc, from_kind = SRC_F32, offset = 0;
-            }
-            Py_ssize_t whole = real / 8;  /* groups with no padding in them */
-            const void *at = from_kind == SRC_F32 ? (const void *)((const float *)from + offset)
-                                                  : (const void *)((const uint16_t *)from + offset);
-            encode_run(x + c, at, from_kind, has_p, p, whole, bits + c / 8, lane);
-            if (c + 8 * whole < d) {
-                Py_ssize_t s = c + 8 * whole;
-                const void *rest = from_kind == SRC_F32 ? (const void *)((const float *)at + 8 * whole)
-                                                        : (const void *)((const uint16_t *)at + 8 * whole);
-                encode_slow(x, rest, from_kind, has_p, p, s, d, valid, bits, lane);
-            }
+    for (Py_ssize_t c = 0; c < size; c += PIECE) {
+        Py_ssize_t d = c + PIECE < size ? c + PIECE : size;
+        Py_ssize_t real = valid > c ? (valid < d ? valid : d) - c : 0;  /* real elements in [c, d) */
+        const void *at;
+        int at_kind = kind;
+        if (kind == SRC_MEAN) {
+            if (real > 0) row_mean(mean->rows, mean->stride, mean->n, mean->tables, mean->divisor, c, real, acc);
+            at = acc, at_kind = SRC_F32;
+        } else {
+            at = kind == SRC_F32 ? (const void *)((const float *)src + c) : (const void *)((const uint16_t *)src + c);
         }
-        for (int j = 0; j < LANES; j++) total[j] += lane[j];
+        Py_ssize_t whole = real / 8;  /* groups with no padding in them */
+        encode_run(x + c, at, at_kind, has_p, p, whole, bits + c / 8);
+        if (c + 8 * whole < d) {
+            const void *rest = at_kind == SRC_F32 ? (const void *)((const float *)at + 8 * whole)
+                                                  : (const void *)((const uint16_t *)at + 8 * whole);
+            encode_slow(x, rest, at_kind, has_p, p, c + 8 * whole, d, valid, bits);
+        }
     }
-    return join_lanes(total);
 }
 
 /* --- Python wrappers --------------------------------------------------------------------------- */
@@ -272,9 +227,9 @@ check_encode(Py_buffer *x, Py_ssize_t valid, Py_buffer *bits) {
 }
 
 PyDoc_STRVAR(encode_doc,
-"encode(x, valid, pending, bits, src, kind) -> float\n\n"
-"x: writable float32 buffer (a multiple of 8 elements); src: valid elements of kind 0 (float32),\n"
-"1 (bfloat16) or 2 (float16); pending: the scale last sent, or None.  Returns the sum of squares.");
+"encode(x, valid, pending, bits, src, kind)\n\n"
+"x: writable float32 buffer (a multiple of 8 elements); bits: len(x) / 8 writable bytes; src: valid\n"
+"elements of kind 0 (float32), 1 (bfloat16) or 2 (float16); pending: the scale last sent, or None.");
 
 static PyObject *
 py_encode(PyObject *self, PyObject *args) {
@@ -296,31 +251,31 @@ py_encode(PyObject *self, PyObject *args) {
                      valid * esize, src.len);
         goto done;
     }
-    double total;
     Py_BEGIN_ALLOW_THREADS
-    total = encode((float *)x.buf, x.len / 4, valid, has_p, p, src.buf, kind, NULL, (uint8_t *)bits.buf);
+    encode((float *)x.buf, x.len / 4, valid, has_p, p, src.buf, kind, NULL, (uint8_t *)bits.buf);
     Py_END_ALLOW_THREADS
-    result = PyFloat_FromDouble(total);
+    result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&x), PyBuffer_Release(&bits), PyBuffer_Release(&src);
     return result;
 }
 
 PyDoc_STRVAR(encode_mean_doc,
-"encode_mean(x, valid, pending, bits, rows, stride, values, divisor) -> float\n\n"
-"As encode, with src the mean of the packed rows: row r (stride bytes after row r-1 in rows) holds\n"
-"len(x) / 8 bytes of signs, each standing for +values[r] or -values[r] (float32); their sum, in row\n"
-"order, divided by divisor unless it is 0.");
+"encode_mean(x, valid, pending, bits, rows, stride, offset, values, divisor)\n\n"
+"As encode, with src the mean of the packed rows: row r starts r * stride + offset bytes into rows\n"
+"and holds len(x) / 8 bytes of signs, each standing for +values[r] or -values[r] (float32); their sum,\n"
+"in row order, divided by divisor unless it is 0.");
 
 static PyObject *
 py_encode_mean(PyObject *self, PyObject *args) {
     Py_buffer x, bits, rows;
-    Py_ssize_t valid, stride;
+    Py_ssize_t valid, stride, offset;
     PyObject *pending, *values;
     double divisor;
     int has_p;
     float p;
-    if (!PyArg_ParseTuple(args, "w*nOw*y*nOd", &x, &valid, &pending, &bits, &rows, &stride, &values, &divisor))
+    if (!PyArg_ParseTuple(args, "w*nOw*y*nnOd", &x, &valid, &pending, &bits, &rows, &stride, &offset, &values,
+                          &divisor))
         return NULL;
     PyObject *result = NULL, *seq = NULL;
     float *tables = NULL;
@@ -328,9 +283,9 @@ py_encode_mean(PyObject *self, PyObject *args) {
     seq = PySequence_Fast(values, "encode_mean: values must be a sequence of floats");
     if (seq == NULL) goto done;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), size = x.len / 4;
-    if (n < 1 || stride < size / 8 || rows.len < (n - 1) * stride + size / 8) {
-        PyErr_Format(PyExc_ValueError, "encode_mean: %zd rows of %zd bytes, %zd apart, do not fit %zd bytes", n,
-                     size / 8, stride, rows.len);
+    if (n < 1 || offset < 0 || stride < offset + size / 8 || rows.len < (n - 1) * stride + offset + size / 8) {
+        PyErr_Format(PyExc_ValueError, "encode_mean: %zd rows of %zd bytes, %zd apart from byte %zd on, do not fit "
+                     "%zd bytes", n, size / 8, stride, offset, rows.len);
         goto done;
     }
     tables = malloc((size_t)n * 256 * 8 * sizeof(float));
@@ -344,12 +299,11 @@ py_encode_mean(PyObject *self, PyObject *args) {
         for (int b = 0; b < 256; b++)
             for (int j = 0; j < 8; j++) tables[(r * 256 + b) * 8 + j] = (b >> j) & 1 ? (float)t : -(float)t;
     }
-    mean_src mean = {(const uint8_t *)rows.buf, stride, n, tables, (float)divisor};
-    double total;
+    mean_src mean = {(const uint8_t *)rows.buf + offset, stride, n, tables, (float)divisor};
     Py_BEGIN_ALLOW_THREADS
-    total = encode((float *)x.buf, size, valid, has_p, p, NULL, SRC_MEAN, &mean, (uint8_t *)bits.buf);
+    encode((float *)x.buf, size, valid, has_p, p, NULL, SRC_MEAN, &mean, (uint8_t *)bits.buf);
     Py_END_ALLOW_THREADS
-    result = PyFloat_FromDouble(total);
+    result = Py_NewRef(Py_None);
 done:
     free(tables);
     Py_XDECREF(seq);
@@ -425,7 +379,5 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__onebit(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "SUM_BLOCK", (long)BLOCK) < 0
-                      || PyModule_AddIntConstant(m, "LANES", LANES) < 0) Py_CLEAR(m);
     return m;
 }

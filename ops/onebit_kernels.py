@@ -18,11 +18,12 @@ cancels, and ``+0.0 + t`` is +0.0 for ``t = -0.0`` (loaded states are cleared of
 NaN stays NaN either way.  ``settle`` turns x back into e when someone reads the state.
 
 On CPU the three steps run in C when the optional extension ``zerocomm.ops._onebit`` was built
-(``NATIVE``; the README's install command builds it): one pass over memory per step, no Python per
-block, the GIL released, float32 work with float32, bfloat16 or float16 tensors read and written
-directly.  Without it (no compiler at install time, float64 tensors, or ``NATIVE = None``), numpy runs
-the same arithmetic in the same order, so both give the same bits; the sums of squares follow one
-fixed order for that reason (eight float64 lanes per ``SUM_BLOCK`` elements, see ``_lane_sums``).
+(``NATIVE``; the README's install command builds it): per block, one C call does what the ufuncs
+below do (update, signs; for the server step the row mean too) in one pass with the GIL released,
+reading and writing float32, bfloat16 and float16 tensors directly, and numpy's ``dot`` then sums the
+block's squares while it is still in cache, as the numpy path does.  Without it (no compiler at
+install time, float64 work, or ``NATIVE = None``) numpy runs the same arithmetic in the same order:
+both paths give the same bits.
 
 The numpy kernels work on blocks of ``BLOCK`` elements with ufuncs writing into preallocated
 scratch (no temporaries): a block's several passes stay in the core's L2 cache, so main memory
@@ -50,20 +51,11 @@ import torch
 #: L2 while the block's ufuncs run; larger blocks spill, smaller ones pay more per-call overhead.
 BLOCK = 1 << 18
 
-#: Elements whose squares are summed in one set of lanes before joining the call's lanes, and the
-#: number of lanes (element i of a segment goes to lane i % LANES): the C kernels' constants too
-#: (checked below), so both paths sum in the same order.  SUM_BLOCK divides ``BLOCK``.
-SUM_BLOCK = 1 << 15
-LANES = 32
-
-
 def _load_native():
     """The C kernels (``ops/_onebit.c``), or ``None`` where the extension was not built."""
     try:
         from . import _onebit
     except ImportError:
-        return None
-    if (_onebit.SUM_BLOCK, _onebit.LANES) != (SUM_BLOCK, LANES):  # a stale build: its sums would differ
         return None
     return _onebit
 
@@ -101,12 +93,6 @@ def _raw(tensor: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor's memory: float32 as is, 16-bit floats as int16 (numpy has no bfloat16)."""
     return tensor.numpy() if tensor.dtype == torch.float32 else tensor.view(torch.int16).numpy()
 
-
-def _join_lanes(lanes: np.ndarray) -> float:
-    """The lanes' total: the two halves added lane by lane until one is left (as the C kernels join)."""
-    while lanes.size > 1:
-        lanes = lanes[:lanes.size // 2] + lanes[lanes.size // 2:]
-    return float(lanes[0])
 
 
 class Codec:
@@ -155,7 +141,6 @@ class _CpuCodec(Codec):
         self.native = NATIVE if dtype == torch.float32 else None
         self.tmp = np.empty(BLOCK, self.np_dtype)
         self.acc = np.empty(BLOCK, self.np_dtype)
-        self.squares = np.empty(SUM_BLOCK, np.float64)
         self.mask = np.empty(BLOCK, np.bool_)
         self.index = np.empty(BLOCK // 8, np.intp)
         self.send_np, self.recv_np = self.send.numpy(), self.recv.numpy()
@@ -170,9 +155,13 @@ class _CpuCodec(Codec):
         if native is not None and tensor.dtype in _NATIVE_KINDS:
             t, kind = _raw(tensor.detach()), _NATIVE_KINDS[tensor.dtype]
             for j in range(self.n):
-                base, valid = j * seg, self.segment_valid(j)
-                total += native.encode(x[base:base + seg], valid, pending, self.send_np[j, :self.seg_bytes],
-                                       t[base:base + valid], kind)
+                base = j * seg
+
+                def block(a: int, b: int, hi: int, xb: np.ndarray, bits: np.ndarray) -> None:
+                    native.encode(xb, hi - a, pending, bits, t[base + a:base + hi], kind)
+
+                total += self.encode_blocks(x[base:base + seg], self.segment_valid(j), self.send_np[j, :self.seg_bytes],
+                                            block)
         else:
             src = tensor.detach() if tensor.dtype == self.dtype else tensor.detach().to(self.dtype)
             t = src.numpy()
@@ -187,9 +176,12 @@ class _CpuCodec(Codec):
     def server(self, x: torch.Tensor, pending: Optional[float]) -> float:
         """Step 3: x ← (x − sent) + mean of ``recv``'s rows, signs and scale into ``mine``; the scale."""
         values, divisor = self.mean_terms(self._scales(self.recv_np))
-        if self.native is not None:
-            total = self.native.encode_mean(x.numpy(), self.valid, pending, self.mine_np[:self.seg_bytes],
-                                            self.recv_np, self.row, values, divisor or 0.0)
+        native = self.native
+        if native is not None:
+            def block(a: int, b: int, hi: int, xb: np.ndarray, bits: np.ndarray) -> None:
+                native.encode_mean(xb, hi - a, pending, bits, self.recv_np, self.row, a // 8, values, divisor or 0.0)
+
+            total = self.encode_blocks(x.numpy(), self.valid, self.mine_np[:self.seg_bytes], block)
         else:
             src = self.mean_source(self.recv_np[:, :self.seg_bytes], values, divisor)
             total = self.encode(x.numpy(), src, self.valid, pending, self.mine_np[:self.seg_bytes])
@@ -236,7 +228,7 @@ class _CpuCodec(Codec):
         ``x``: 1-D, a multiple of 8 elements; ``src(a, b)`` returns the source of elements [a, b);
         ``bits``: ``len(x) / 8`` bytes.  Returns the sum of squares of the new ``x[:valid]``.
         """
-        lanes = np.zeros(LANES)
+        total = 0.0
         as_int = self.int_type
         scale_bits = None if pending is None else self.np_dtype.type(pending).view(as_int)
         for a in range(0, x.size, BLOCK):
@@ -251,29 +243,28 @@ class _CpuCodec(Codec):
                     np.bitwise_or(sent.view(as_int), scale_bits, out=sent.view(as_int))
                     np.subtract(head, sent, out=head)
                 np.add(head, src(a, hi), out=head)
+                total += float(np.dot(head, head))
             if hi < b:
                 xb[hi - a:] = 0
-            if hi > a:
-                self._lane_sums(xb, lanes)
             mask = self.mask[:b - a]
             np.greater_equal(xb, 0, out=mask)
             bits[a // 8:b // 8] = np.packbits(mask, bitorder="little")
-        return _join_lanes(lanes)
+        return total
 
-    def _lane_sums(self, xb: np.ndarray, lanes: np.ndarray) -> None:
-        """lanes[j] += the squares of xb's elements ``LANES k + j``, in float64, a ``SUM_BLOCK`` at a time.
-
-        Within a sum block each lane adds its squares in element order from 0 (numpy reduces the
-        first axis row by row), and the block's lanes then join ``lanes``: the C kernels' order.
-        ``xb`` starts on a sum block's boundary; zeros pad its last block to whole rows (adding +0.0
-        changes no sum)."""
-        for s in range(0, xb.size, SUM_BLOCK):
-            part = xb[s:s + SUM_BLOCK]
-            rows = -(-part.size // LANES)
-            squares = self.squares[:rows * LANES]
-            np.multiply(part, part, out=squares[:part.size], dtype=np.float64)  # exact for float32 elements
-            squares[part.size:] = 0
-            lanes += np.add.reduce(squares.reshape(rows, LANES), axis=0)
+    @staticmethod
+    def encode_blocks(x: np.ndarray, valid: int, bits: np.ndarray,
+                      block: Callable[[int, int, int, np.ndarray, np.ndarray], None]) -> float:
+        """``encode`` through a C kernel: ``block(a, b, hi, x[a:b], bits[a/8:b/8])`` does a block's work
+        (elements [a, hi) real); the sums of squares are the numpy path's, block by block."""
+        total = 0.0
+        for a in range(0, x.size, BLOCK):
+            b = min(a + BLOCK, x.size)
+            hi = min(b, max(valid, a))
+            block(a, b, hi, x[a:b], bits[a // 8:b // 8])
+            if hi > a:
+                head = x[a:hi]
+                total += float(np.dot(head, head))
+        return total
 
     def table(self, scale: float) -> np.ndarray:
         """The 256 rows ``±scale``, each one 8-value item (for ``np.take``)."""
