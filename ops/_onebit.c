@@ -93,42 +93,60 @@ pack(const float *restrict x, Py_ssize_t ngroups, uint8_t *restrict bits) {
 #endif
 }
 
-/* ngroups whole groups of 8 real elements: update, then (from L1) the signs. */
+/* ngroups whole groups of 8 real elements, a PIECE at a time: update, then (from L1) the signs.
+ * The portable form, for half sources and for compilers without SSE2. */
 HOT static void
-encode_run(float *restrict x, const void *restrict src, int kind, int has_p, float p, Py_ssize_t ngroups,
-           uint8_t *restrict bits) {
-    Py_ssize_t m = 8 * ngroups;
-    if (has_p) {
-        switch (kind) {
-        case SRC_BF16: update(x, src, SRC_BF16, 1, p, m); break;
-        case SRC_F16: update(x, src, SRC_F16, 1, p, m); break;
-        default: update(x, src, SRC_F32, 1, p, m); break;
+encode_generic(float *x, const void *src, int kind, int has_p, float p, Py_ssize_t ngroups, uint8_t *bits) {
+    for (Py_ssize_t g = 0; g < ngroups; g += PIECE / 8) {
+        Py_ssize_t count = ngroups - g < PIECE / 8 ? ngroups - g : PIECE / 8, m = 8 * count;
+        float *xg = x + 8 * g;
+        const void *at = kind == SRC_F32 ? (const void *)((const float *)src + 8 * g)
+                                         : (const void *)((const uint16_t *)src + 8 * g);
+        if (has_p) {
+            switch (kind) {
+            case SRC_BF16: update(xg, at, SRC_BF16, 1, p, m); break;
+            case SRC_F16: update(xg, at, SRC_F16, 1, p, m); break;
+            default: update(xg, at, SRC_F32, 1, p, m); break;
+            }
+        } else {
+            switch (kind) {
+            case SRC_BF16: update(xg, at, SRC_BF16, 0, p, m); break;
+            case SRC_F16: update(xg, at, SRC_F16, 0, p, m); break;
+            default: update(xg, at, SRC_F32, 0, p, m); break;
+            }
         }
-    } else {
-        switch (kind) {
-        case SRC_BF16: update(x, src, SRC_BF16, 0, p, m); break;
-        case SRC_F16: update(x, src, SRC_F16, 0, p, m); break;
-        default: update(x, src, SRC_F32, 0, p, m); break;
-        }
+        pack(xg, count, bits + g);
     }
-    pack(x, ngroups, bits);
 }
 
-/* Elements [a, b) one at a time (a group holding the last real element, or padding). */
-static void
-encode_slow(float *x, const void *src, int kind, int has_p, float p, Py_ssize_t a, Py_ssize_t b,
-            Py_ssize_t valid, uint8_t *bits) {
-    for (Py_ssize_t i = a; i < b; i++) {
-        float v = 0.0f;
-        if (i < valid) {
-            v = x[i];
-            if (has_p) v = v - copysignf(p, v);
-            v = v + load(src, kind, i - a);
-        }
-        x[i] = v;
-        if (v >= 0.0f) bits[i >> 3] |= (uint8_t)(1u << (i & 7));
-        else bits[i >> 3] &= (uint8_t)~(1u << (i & 7));
+#if defined(__SSE2__)
+/* One group in registers: x <- (x - copysign(p, x)) + (a, b), stored; returns its byte of signs. */
+static inline __attribute__((always_inline)) unsigned
+group_sse(float *x, __m128 a, __m128 b, int has_p, __m128 pv) {
+    const __m128 sign = _mm_set1_ps(-0.0f), zero = _mm_setzero_ps();
+    __m128 lo = _mm_loadu_ps(x), hi = _mm_loadu_ps(x + 4);
+    if (has_p) {  /* copysign(p, x) = (x & sign bit) | p, p >= 0 */
+        lo = _mm_sub_ps(lo, _mm_or_ps(_mm_and_ps(lo, sign), pv));
+        hi = _mm_sub_ps(hi, _mm_or_ps(_mm_and_ps(hi, sign), pv));
     }
+    lo = _mm_add_ps(lo, a), hi = _mm_add_ps(hi, b);
+    _mm_storeu_ps(x, lo), _mm_storeu_ps(x + 4, hi);
+    /* Ordered compare: NaN gives 0, -0.0 gives 1, as x >= 0 does. */
+    return (unsigned)(_mm_movemask_ps(_mm_cmpge_ps(lo, zero)) | _mm_movemask_ps(_mm_cmpge_ps(hi, zero)) << 4);
+}
+#endif
+
+/* ngroups whole groups of 8 real elements with a float32 source, in one pass. */
+HOT static void
+encode_f32(float *restrict x, const float *restrict src, int has_p, float p, Py_ssize_t ngroups,
+           uint8_t *restrict bits) {
+#if defined(__SSE2__)
+    const __m128 pv = _mm_set1_ps(p);
+    for (Py_ssize_t g = 0; g < ngroups; g++)
+        bits[g] = (uint8_t)group_sse(x + 8 * g, _mm_loadu_ps(src + 8 * g), _mm_loadu_ps(src + 8 * g + 4), has_p, pv);
+#else
+    encode_generic(x, src, SRC_F32, has_p, p, ngroups, bits);
+#endif
 }
 
 static inline v4sf load4(const float *p) { v4sf v; memcpy(&v, p, sizeof v); return v; }
@@ -137,7 +155,7 @@ static inline void store4(float *p, v4sf v) { memcpy(p, &v, sizeof v); }
 /* The mean of n packed rows over elements [a, a + count) (a a multiple of 8) into acc: row 0's
  * values, then each further row's added in row order, then divided (unless divisor is 0).  A table
  * row is the 8 float32 values a byte stands for. */
-HOT static void
+static void
 row_mean(const uint8_t *rows, Py_ssize_t stride, Py_ssize_t n, const float *tables, float divisor,
          Py_ssize_t a, Py_ssize_t count, float *restrict acc) {
     Py_ssize_t nbytes = (count + 7) / 8, m = 8 * nbytes;
@@ -160,36 +178,77 @@ row_mean(const uint8_t *rows, Py_ssize_t stride, Py_ssize_t n, const float *tabl
 }
 
 typedef struct {
-    const uint8_t *rows;  /* SRC_MEAN: n rows of packed signs, stride bytes apart */
+    const uint8_t *rows;  /* n rows of packed signs, stride bytes apart */
     Py_ssize_t stride, n;
     const float *tables;  /* n tables of 256 x 8 values +-t_r */
     float divisor;
 } mean_src;
 
-/* The whole encode of one x (see the top of the file), a PIECE at a time. */
+/* ngroups whole groups of 8 real elements with the row mean as source, in one pass. */
+HOT static void
+encode_mean_groups(float *restrict x, const mean_src *mean, int has_p, float p, Py_ssize_t ngroups,
+                   uint8_t *restrict bits) {
+#if defined(__SSE2__)
+    const __m128 pv = _mm_set1_ps(p), dv = _mm_set1_ps(mean->divisor);
+    const int divide = mean->divisor != 0.0f;
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        const float *t = mean->tables + 8 * mean->rows[g];
+        __m128 a = _mm_loadu_ps(t), b = _mm_loadu_ps(t + 4);
+        for (Py_ssize_t r = 1; r < mean->n; r++) {  /* in row order, as the numpy path adds */
+            t = mean->tables + 256 * 8 * r + 8 * mean->rows[r * mean->stride + g];
+            a = _mm_add_ps(a, _mm_loadu_ps(t)), b = _mm_add_ps(b, _mm_loadu_ps(t + 4));
+        }
+        if (divide) a = _mm_div_ps(a, dv), b = _mm_div_ps(b, dv);
+        bits[g] = (uint8_t)group_sse(x + 8 * g, a, b, has_p, pv);
+    }
+#else
+    float acc[PIECE];
+    for (Py_ssize_t g = 0; g < ngroups; g += PIECE / 8) {
+        Py_ssize_t count = ngroups - g < PIECE / 8 ? ngroups - g : PIECE / 8;
+        row_mean(mean->rows, mean->stride, mean->n, mean->tables, mean->divisor, 8 * g, 8 * count, acc);
+        encode_generic(x + 8 * g, acc, SRC_F32, has_p, p, count, bits + g);
+    }
+#endif
+}
+
+/* Elements [a, b) one at a time (a group holding the last real element, or padding); src holds the
+ * source of elements a.. (read only below valid). */
+static void
+encode_slow(float *x, const void *src, int kind, int has_p, float p, Py_ssize_t a, Py_ssize_t b,
+            Py_ssize_t valid, uint8_t *bits) {
+    for (Py_ssize_t i = a; i < b; i++) {
+        float v = 0.0f;
+        if (i < valid) {
+            v = x[i];
+            if (has_p) v = v - copysignf(p, v);
+            v = v + load(src, kind, i - a);
+        }
+        x[i] = v;
+        if (v >= 0.0f) bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+        else bits[i >> 3] &= (uint8_t)~(1u << (i & 7));
+    }
+}
+
+/* The whole encode of one x (see the top of the file): the groups with no padding in one pass, then
+ * the rest one element at a time. */
 static void
 encode(float *x, Py_ssize_t size, Py_ssize_t valid, int has_p, float p, const void *src, int kind,
        const mean_src *mean, uint8_t *bits) {
-    float acc[PIECE];
-    for (Py_ssize_t c = 0; c < size; c += PIECE) {
-        Py_ssize_t d = c + PIECE < size ? c + PIECE : size;
-        Py_ssize_t real = valid > c ? (valid < d ? valid : d) - c : 0;  /* real elements in [c, d) */
-        const void *at;
-        int at_kind = kind;
-        if (kind == SRC_MEAN) {
-            if (real > 0) row_mean(mean->rows, mean->stride, mean->n, mean->tables, mean->divisor, c, real, acc);
-            at = acc, at_kind = SRC_F32;
-        } else {
-            at = kind == SRC_F32 ? (const void *)((const float *)src + c) : (const void *)((const uint16_t *)src + c);
-        }
-        Py_ssize_t whole = real / 8;  /* groups with no padding in them */
-        encode_run(x + c, at, at_kind, has_p, p, whole, bits + c / 8);
-        if (c + 8 * whole < d) {
-            const void *rest = at_kind == SRC_F32 ? (const void *)((const float *)at + 8 * whole)
-                                                  : (const void *)((const uint16_t *)at + 8 * whole);
-            encode_slow(x, rest, at_kind, has_p, p, c + 8 * whole, d, valid, bits);
-        }
+    Py_ssize_t whole = valid / 8, s = 8 * whole;
+    const void *rest;
+    float acc[8];
+    if (kind == SRC_MEAN) {
+        encode_mean_groups(x, mean, has_p, p, whole, bits);
+        if (valid > s) row_mean(mean->rows, mean->stride, mean->n, mean->tables, mean->divisor, s, valid - s, acc);
+        rest = acc, kind = SRC_F32;
+    } else if (kind == SRC_F32) {
+        encode_f32(x, (const float *)src, has_p, p, whole, bits);
+        rest = (const float *)src + s;
+    } else {
+        encode_generic(x, src, kind, has_p, p, whole, bits);
+        rest = (const uint16_t *)src + s;
     }
+    if (s < size) encode_slow(x, rest, kind, has_p, p, s, size, valid, bits);
 }
 
 /* --- Python wrappers --------------------------------------------------------------------------- */
@@ -311,11 +370,23 @@ done:
     return result;
 }
 
-/* out (count elements of esize bytes) <- the table rows of the packed bytes. */
+/* out (count elements of esize bytes) <- the table rows of the packed bytes.  The output is written
+ * once and not read here again: where it is 16-byte aligned, streaming stores skip reading its cache
+ * lines in first (a third of the memory traffic of plain stores). */
 HOT static void
 decode_run(uint8_t *restrict out, int esize, const uint8_t *restrict packed, Py_ssize_t count,
            const uint8_t *restrict table) {
     Py_ssize_t whole = count / 8, row = 8 * (Py_ssize_t)esize;
+#if defined(__SSE2__)
+    if (((uintptr_t)out & 15) == 0) {
+        for (Py_ssize_t k = 0; k < whole; k++) {
+            const uint8_t *t = table + row * packed[k];
+            for (Py_ssize_t q = 0; q < row; q += 16)
+                _mm_stream_si128((__m128i *)(out + row * k + q), _mm_loadu_si128((const __m128i *)(t + q)));
+        }
+        _mm_sfence();  /* the streamed lines are visible before the caller goes on */
+    } else
+#endif
     switch (esize) {  /* constant-size copies compile to plain vector moves */
     case 2:
         for (Py_ssize_t k = 0; k < whole; k++) memcpy(out + 16 * k, table + 16 * packed[k], 16);
