@@ -89,6 +89,17 @@ def _clamp(value: int, high: int) -> int:
     return min(max(value, 0), high)
 
 
+def _signed_bytes(scale: float, dtype: torch.dtype) -> tuple[bytes, bytes]:
+    """``+scale`` and ``-scale`` (a float32 value) rounded once to ``dtype``, as raw bytes: what the numpy
+    path's final ``copy_`` into a tensor of that dtype writes (numpy rounds as torch does, to nearest even)."""
+    if dtype == torch.bfloat16:  # numpy has no bfloat16
+        signed = torch.tensor([scale, -scale], dtype=torch.float32).to(dtype).view(torch.uint8).numpy()
+    else:
+        signed = np.array([scale, -scale], np.float32).astype(np.float16 if dtype == torch.float16 else np.float32)
+    pos, neg = signed.view(np.uint8).reshape(2, -1)
+    return pos.tobytes(), neg.tobytes()
+
+
 def _raw(tensor: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor's memory: float32 as is, 16-bit floats as int16 (numpy has no bfloat16)."""
     return tensor.numpy() if tensor.dtype == torch.float32 else tensor.view(torch.int16).numpy()
@@ -194,11 +205,9 @@ class _CpuCodec(Codec):
         if self.native is not None and tensor.dtype in _NATIVE_KINDS:
             out = _raw(tensor.detach())
             for j, scale in enumerate(self._scales(self.gathered_np)):
-                # ±scale rounded once to the tensor's dtype, as the numpy path's final copy_ rounds them
-                signed = torch.tensor([scale, -scale], dtype=self.dtype).to(tensor.dtype)
-                pos, neg = signed.view(torch.uint8).numpy().reshape(2, -1)
+                pos, neg = _signed_bytes(scale, tensor.dtype)
                 base, count = j * self.seg, self.segment_valid(j)
-                self.native.decode(out[base:base + count], self.gathered_np[j], count, pos.tobytes(), neg.tobytes())
+                self.native.decode(out[base:base + count], self.gathered_np[j], count, pos, neg)
             return
         direct = tensor.dtype == self.dtype
         out = tensor.detach().numpy() if direct else np.empty(self.numel, self.np_dtype)
