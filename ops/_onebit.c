@@ -188,24 +188,29 @@ typedef struct {
 HOT static void
 encode_mean_groups(float *restrict x, const mean_src *mean, int has_p, float p, Py_ssize_t ngroups,
                    uint8_t *restrict bits) {
+    /* Locals, not the struct's fields: the byte stores below may alias anything, and would make the
+     * compiler reload every field after each of them. */
+    const uint8_t *restrict rows = mean->rows;
+    const float *restrict tables = mean->tables;
+    const Py_ssize_t n = mean->n, stride = mean->stride;
+    const float divisor = mean->divisor;
 #if defined(__SSE2__)
-    const __m128 pv = _mm_set1_ps(p), dv = _mm_set1_ps(mean->divisor);
-    const int divide = mean->divisor != 0.0f;
+    const __m128 pv = _mm_set1_ps(p), dv = _mm_set1_ps(divisor);
     for (Py_ssize_t g = 0; g < ngroups; g++) {
-        const float *t = mean->tables + 8 * mean->rows[g];
+        const float *t = tables + 8 * rows[g];
         __m128 a = _mm_loadu_ps(t), b = _mm_loadu_ps(t + 4);
-        for (Py_ssize_t r = 1; r < mean->n; r++) {  /* in row order, as the numpy path adds */
-            t = mean->tables + 256 * 8 * r + 8 * mean->rows[r * mean->stride + g];
+        for (Py_ssize_t r = 1; r < n; r++) {  /* in row order, as the numpy path adds */
+            t = tables + 256 * 8 * r + 8 * rows[r * stride + g];
             a = _mm_add_ps(a, _mm_loadu_ps(t)), b = _mm_add_ps(b, _mm_loadu_ps(t + 4));
         }
-        if (divide) a = _mm_div_ps(a, dv), b = _mm_div_ps(b, dv);
+        if (divisor != 0.0f) a = _mm_div_ps(a, dv), b = _mm_div_ps(b, dv);
         bits[g] = (uint8_t)group_sse(x + 8 * g, a, b, has_p, pv);
     }
 #else
     float acc[PIECE];
     for (Py_ssize_t g = 0; g < ngroups; g += PIECE / 8) {
         Py_ssize_t count = ngroups - g < PIECE / 8 ? ngroups - g : PIECE / 8;
-        row_mean(mean->rows, mean->stride, mean->n, mean->tables, mean->divisor, 8 * g, 8 * count, acc);
+        row_mean(rows, stride, n, tables, divisor, 8 * g, 8 * count, acc);
         encode_generic(x + 8 * g, acc, SRC_F32, has_p, p, count, bits + g);
     }
 #endif
@@ -423,9 +428,15 @@ py_decode(PyObject *self, PyObject *args) {
                      count, count * esize, (count + 7) / 8, out.len, packed.len);
         goto done;
     }
-    uint8_t table[256 * 8 * 8];
-    for (int b = 0; b < 256; b++)
-        for (int j = 0; j < 8; j++) memcpy(table + (8 * b + j) * esize, (b >> j) & 1 ? pos.buf : neg.buf, esize);
+    _Alignas(64) uint8_t table[256 * 8 * 8];  /* aligned: no row load crosses a cache line */
+    /* Element j of row b is pos where bit j of b is set: row b is row (b without its top bit) with
+     * one more element set, so each row is a copy of an earlier one plus one element. */
+    for (int j = 0; j < 8; j++) memcpy(table + j * esize, neg.buf, esize);
+    for (int b = 1; b < 256; b++) {
+        int top = 31 - __builtin_clz((unsigned)b);
+        memcpy(table + 8 * b * esize, table + 8 * (b ^ (1 << top)) * esize, 8 * (size_t)esize);
+        memcpy(table + (8 * b + top) * esize, pos.buf, esize);
+    }
     Py_BEGIN_ALLOW_THREADS
     decode_run((uint8_t *)out.buf, esize, (const uint8_t *)packed.buf, count, table);
     Py_END_ALLOW_THREADS
