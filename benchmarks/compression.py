@@ -224,7 +224,17 @@ def header_lines(args: argparse.Namespace) -> list[str]:
         "# B sent/rank: one call's bytes sent by a rank (maximum over ranks); counted = zerocomm's ring/tree "
         "messages, estimated = a native collective's optimal-schedule bytes",
         "# speedup = fp32 ms / 1-bit ms; bytes ratio = fp32 B / 1-bit B",
+        f"# 1-bit codec on CPU: {codec_path()}",
     ]
+
+
+def codec_path() -> str:
+    """Which kernels run the 1-bit codec on CPU in this installation."""
+    from zerocomm.ops import onebit_kernels
+
+    if onebit_kernels.NATIVE is not None:
+        return "the C kernels (zerocomm.ops._onebit)"
+    return "numpy (the C extension zerocomm.ops._onebit is not built)"
 
 
 # --- starting the worlds ---------------------------------------------------------------------------

@@ -11,6 +11,10 @@ it times, with the best of ``iters`` calls each (a quiet machine's figure; the l
   signs), for the segment of S / 2;
 * decode: the fused decode of every gathered row into the tensor, beside ``decompress``.
 
+"fused" is what a compressed all_reduce runs: the C kernels when the optional extension
+``zerocomm.ops._onebit`` is built, else numpy; with the extension, "fused, numpy" rows time the numpy
+path beside them.
+
 GB/s are of float32 input (S / time).
 """
 from __future__ import annotations
@@ -34,21 +38,39 @@ def _best(call: Callable[[], object], iters: int) -> float:
     return best
 
 
+def _fused(tensor, out, iters: int, variant: str) -> list[tuple[str, str, float]]:
+    """The three fused steps on ``tensor`` with the kernels ``ops.onebit_kernels`` picks now."""
+    from zerocomm.ops import ErrorFeedback
+
+    fused = ErrorFeedback(variant)
+    codec = fused.worker_step(tensor, RANKS, 0)
+    codec.recv.copy_(codec.send)  # this rank's row twice: the server step's work does not depend on the bits
+    fused.server_step()
+    codec.gathered.copy_(codec.send)
+    return [("encode", variant, _best(lambda: fused.worker_step(tensor, RANKS, 0), iters)),
+            ("server", variant, _best(fused.server_step, iters)),
+            ("decode", variant, _best(lambda: codec.decode(out), iters))]
+
+
 def measure(size: int, iters: int) -> list[tuple[str, str, float]]:
     """``(kernel, variant, seconds)`` for one buffer of ``size`` bytes."""
     import torch
 
+    import zerocomm.ops.onebit_kernels as kernels
     from zerocomm.ops import ErrorFeedback, decompress, onebit_padded_numel
 
     numel = max(1, size // 4)
     generator = torch.Generator().manual_seed(0)
     tensor = torch.randn(numel, generator=generator)
     out = torch.empty_like(tensor)
-    fused = ErrorFeedback("fused")
-    codec = fused.worker_step(tensor, RANKS, 0)
-    codec.recv.copy_(codec.send)  # this rank's row twice: the server step's work does not depend on the bits
-    fused.server_step()
-    codec.gathered.copy_(codec.send)
+    fused = _fused(tensor, out, iters, "fused")
+    native = kernels.NATIVE
+    if native is not None:
+        kernels.NATIVE = None
+        try:
+            fused += _fused(tensor, out, iters, "fused, numpy")
+        finally:
+            kernels.NATIVE = native
     padded = torch.zeros(onebit_padded_numel(numel, RANKS))
     unfused = ErrorFeedback("unfused")
 
@@ -58,14 +80,13 @@ def measure(size: int, iters: int) -> list[tuple[str, str, float]]:
 
     packed, scale = encode_unfused()
     whole = torch.empty(padded.numel())
-    return [
+    rows = [
         ("copy_", "memory", _best(lambda: out.copy_(tensor), iters)),
         ("encode", "unfused (before)", _best(encode_unfused, iters)),
-        ("encode", "fused", _best(lambda: fused.worker_step(tensor, RANKS, 0), iters)),
-        ("server", "fused", _best(fused.server_step, iters)),
         ("decode", "unfused (before)", _best(lambda: decompress(packed, scale, whole.numel(), whole), iters)),
-        ("decode", "fused", _best(lambda: codec.decode(out), iters)),
-    ]
+    ] + fused
+    order = ("copy_", "encode", "server", "decode")
+    return sorted(rows, key=lambda row: order.index(row[0]))  # stable: each kernel's variants as listed
 
 
 def run_kernels(sizes: Sequence[int], iters: int, threads: int) -> str:
@@ -79,12 +100,15 @@ def run_kernels(sizes: Sequence[int], iters: int, threads: int) -> str:
         timings = measure(size, iters)
         before = {kernel: seconds for kernel, variant, seconds in timings if variant.startswith("unfused")}
         for kernel, variant, seconds in timings:
-            speedup = f"{before[kernel] / seconds:.1f}" if kernel in before and variant == "fused" else ""
+            speedup = f"{before[kernel] / seconds:.1f}" if kernel in before and variant.startswith("fused") else ""
             table.append([format_size(size), kernel, variant, f"{seconds * 1e3:.2f}", f"{size / seconds / 1e9:.2f}",
                           speedup])
     headers = ["size", "kernel", "variant", "ms", "GB/s of input", "speedup"]
+    import zerocomm.ops.onebit_kernels as kernels
+
+    path = "the C kernels (zerocomm.ops._onebit)" if kernels.NATIVE is not None else "numpy (no C extension built)"
     return "\n".join([
         f"# 1-bit kernels alone, one process, {threads} torch thread(s), sized for {RANKS} ranks; best of "
-        f"{iters} calls; GB/s = float32 input bytes / time",
+        f"{iters} calls; GB/s = float32 input bytes / time; fused = {path}",
         tabulate(table, headers=headers, disable_numparse=True, stralign="right"),
     ])

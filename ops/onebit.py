@@ -33,7 +33,8 @@ Kernels
     The functions here work on one tensor at a time (plain torch, any device).  The
     compressed all_reduce runs its three local steps through ``ErrorFeedback.worker_step``,
     ``server_step`` and the codec's ``decode``, each one fused pass over the data
-    (``ops/onebit_kernels.py``: numpy blocks on CPU, torch or cupy on CUDA).
+    (``ops/onebit_kernels.py``: the optional C kernels of ``ops/_onebit.c`` or numpy blocks on CPU,
+    torch or cupy on CUDA).
 """
 from __future__ import annotations
 

@@ -17,7 +17,15 @@ once.  ``copysign(s, x)`` is exactly the sent value ``s if x >= 0 else -s`` for 
 cancels, and ``+0.0 + t`` is +0.0 for ``t = -0.0`` (loaded states are cleared of -0.0 on load).
 NaN stays NaN either way.  ``settle`` turns x back into e when someone reads the state.
 
-CPU kernels work on blocks of ``BLOCK`` elements with numpy ufuncs writing into preallocated
+On CPU the three steps run in C when the optional extension ``zerocomm.ops._onebit`` was built
+(``NATIVE``; the README's install command builds it): per block, one C call does what the ufuncs
+below do (update, signs; for the server step the row mean too) in one pass with the GIL released,
+reading and writing float32, bfloat16 and float16 tensors directly, and numpy's ``dot`` then sums the
+block's squares while it is still in cache, as the numpy path does.  Without it (no compiler at
+install time, float64 work, or ``NATIVE = None``) numpy runs the same arithmetic in the same order:
+both paths give the same bits.
+
+The numpy kernels work on blocks of ``BLOCK`` elements with ufuncs writing into preallocated
 scratch (no temporaries): a block's several passes stay in the core's L2 cache, so main memory
 sees one read of the state and the input and one write of the state per call.  numpy rather than
 torch for the element passes: its comparison writes a bool mask ~5x faster than ``torch.ge``, and
@@ -43,6 +51,21 @@ import torch
 #: L2 while the block's ufuncs run; larger blocks spill, smaller ones pay more per-call overhead.
 BLOCK = 1 << 18
 
+def _load_native():
+    """The C kernels (``ops/_onebit.c``), or ``None`` where the extension was not built."""
+    try:
+        from . import _onebit
+    except ImportError:
+        return None
+    return _onebit
+
+
+#: The C kernels, or ``None``: the numpy path then runs.  Read when a codec is made (tests set it).
+NATIVE = _load_native()
+
+#: Tensor dtypes the C kernels read and write directly, and their source kind code.
+_NATIVE_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
 #: Packing multiplier of the torch path: eight 0/1 bytes of a little-endian uint64 times this put
 #: byte i's bit at bit 56 + i (the products never overlap, so there are no carries).
 _PACK_MAGIC = 0x0102040810204080
@@ -64,6 +87,23 @@ def scale_of(sum_of_squares: float, valid: int, dtype) -> float:
 
 def _clamp(value: int, high: int) -> int:
     return min(max(value, 0), high)
+
+
+def _signed_bytes(scale: float, dtype: torch.dtype) -> tuple[bytes, bytes]:
+    """``+scale`` and ``-scale`` (a float32 value) rounded once to ``dtype``, as raw bytes: what the numpy
+    path's final ``copy_`` into a tensor of that dtype writes (numpy rounds as torch does, to nearest even)."""
+    if dtype == torch.bfloat16:  # numpy has no bfloat16
+        signed = torch.tensor([scale, -scale], dtype=torch.float32).to(dtype).view(torch.uint8).numpy()
+    else:
+        signed = np.array([scale, -scale], np.float32).astype(np.float16 if dtype == torch.float16 else np.float32)
+    pos, neg = signed.view(np.uint8).reshape(2, -1)
+    return pos.tobytes(), neg.tobytes()
+
+
+def _raw(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor's memory: float32 as is, 16-bit floats as int16 (numpy has no bfloat16)."""
+    return tensor.numpy() if tensor.dtype == torch.float32 else tensor.view(torch.int16).numpy()
+
 
 
 class Codec:
@@ -108,6 +148,8 @@ class _CpuCodec(Codec):
         self.sign_bit = _SIGN_BIT[self.np_dtype]
         self.item = np.dtype((np.void, 8 * self.np_dtype.itemsize))  # one table row: 8 values
         self.rows = _sign_rows(self.np_dtype)
+        #: The C kernels for float32 work (``None``: numpy).
+        self.native = NATIVE if dtype == torch.float32 else None
         self.tmp = np.empty(BLOCK, self.np_dtype)
         self.acc = np.empty(BLOCK, self.np_dtype)
         self.mask = np.empty(BLOCK, np.bool_)
@@ -119,27 +161,54 @@ class _CpuCodec(Codec):
 
     def worker(self, tensor: torch.Tensor, x: torch.Tensor, pending: Optional[float]) -> float:
         """Step 1: x ← (x − sent) + tensor, signs into ``send``; the new scale (also in every row)."""
-        src = tensor.detach() if tensor.dtype == self.dtype else tensor.detach().to(self.dtype)
-        t, x, seg = src.numpy(), x.numpy(), self.seg
+        x, seg, native = x.numpy(), self.seg, self.native
         total = 0.0
-        for j in range(self.n):
-            base = j * seg
-            total += self.encode(x[base:base + seg], lambda a, b: t[base + a:base + b], self.segment_valid(j),
-                                 pending, self.send_np[j, :self.seg_bytes])
+        if native is not None and tensor.dtype in _NATIVE_KINDS:
+            t, kind = _raw(tensor.detach()), _NATIVE_KINDS[tensor.dtype]
+            for j in range(self.n):
+                base = j * seg
+
+                def block(a: int, b: int, hi: int, xb: np.ndarray, bits: np.ndarray) -> None:
+                    native.encode(xb, hi - a, pending, bits, t[base + a:base + hi], kind)
+
+                total += self.encode_blocks(x[base:base + seg], self.segment_valid(j), self.send_np[j, :self.seg_bytes],
+                                            block)
+        else:
+            src = tensor.detach() if tensor.dtype == self.dtype else tensor.detach().to(self.dtype)
+            t = src.numpy()
+            for j in range(self.n):
+                base = j * seg
+                total += self.encode(x[base:base + seg], lambda a, b: t[base + a:base + b], self.segment_valid(j),
+                                     pending, self.send_np[j, :self.seg_bytes])
         scale = scale_of(total, self.numel, self.np_dtype)
         self.send_np[:, self.seg_bytes:] = self._scale_as_bytes(scale)
         return scale
 
     def server(self, x: torch.Tensor, pending: Optional[float]) -> float:
         """Step 3: x ← (x − sent) + mean of ``recv``'s rows, signs and scale into ``mine``; the scale."""
-        src = self.mean_source(self.recv_np[:, :self.seg_bytes], self._scales(self.recv_np))
-        total = self.encode(x.numpy(), src, self.valid, pending, self.mine_np[:self.seg_bytes])
+        values, divisor = self.mean_terms(self._scales(self.recv_np))
+        native = self.native
+        if native is not None:
+            def block(a: int, b: int, hi: int, xb: np.ndarray, bits: np.ndarray) -> None:
+                native.encode_mean(xb, hi - a, pending, bits, self.recv_np, self.row, a // 8, values, divisor or 0.0)
+
+            total = self.encode_blocks(x.numpy(), self.valid, self.mine_np[:self.seg_bytes], block)
+        else:
+            src = self.mean_source(self.recv_np[:, :self.seg_bytes], values, divisor)
+            total = self.encode(x.numpy(), src, self.valid, pending, self.mine_np[:self.seg_bytes])
         scale = scale_of(total, self.valid, self.np_dtype)
         self.mine_np[self.seg_bytes:] = self._scale_as_bytes(scale)
         return scale
 
     def decode(self, tensor: torch.Tensor) -> None:
         """Step 4: ``tensor`` (``numel`` elements) ← every gathered row's ``±scale`` values."""
+        if self.native is not None and tensor.dtype in _NATIVE_KINDS:
+            out = _raw(tensor.detach())
+            for j, scale in enumerate(self._scales(self.gathered_np)):
+                pos, neg = _signed_bytes(scale, tensor.dtype)
+                base, count = j * self.seg, self.segment_valid(j)
+                self.native.decode(out[base:base + count], self.gathered_np[j], count, pos, neg)
+            return
         direct = tensor.dtype == self.dtype
         out = tensor.detach().numpy() if direct else np.empty(self.numel, self.np_dtype)
         tail = self.tmp[:8]
@@ -191,6 +260,21 @@ class _CpuCodec(Codec):
             bits[a // 8:b // 8] = np.packbits(mask, bitorder="little")
         return total
 
+    @staticmethod
+    def encode_blocks(x: np.ndarray, valid: int, bits: np.ndarray,
+                      block: Callable[[int, int, int, np.ndarray, np.ndarray], None]) -> float:
+        """``encode`` through a C kernel: ``block(a, b, hi, x[a:b], bits[a/8:b/8])`` does a block's work
+        (elements [a, hi) real); the sums of squares are the numpy path's, block by block."""
+        total = 0.0
+        for a in range(0, x.size, BLOCK):
+            b = min(a + BLOCK, x.size)
+            hi = min(b, max(valid, a))
+            block(a, b, hi, x[a:b], bits[a // 8:b // 8])
+            if hi > a:
+                head = x[a:hi]
+                total += float(np.dot(head, head))
+        return total
+
     def table(self, scale: float) -> np.ndarray:
         """The 256 rows ``±scale``, each one 8-value item (for ``np.take``)."""
         return (self.rows * self.np_dtype.type(scale)).view(self.item).reshape(256)
@@ -208,14 +292,22 @@ class _CpuCodec(Codec):
             np.copyto(index, packed[a:a + step])
             np.take(table, index, out=items[a:a + step], mode="clip")
 
-    def mean_source(self, packed_rows: np.ndarray, scales: list[float]) -> Callable[[int, int], np.ndarray]:
-        """``src(a, b)``: the mean over the rows of their decoded elements [a, b), summed in row order."""
+    def mean_terms(self, scales: list[float]) -> tuple[list[float], Optional[float]]:
+        """The mean of rows with ``scales``: (each row's ``±value``, rounded to the work dtype; the divisor
+        of their sum, or ``None``)."""
         n = len(scales)
         # For n a power of two, dividing by n scales exactly, so it can go into the tables: one pass
         # fewer, the same values (barring subnormal scales).
         folded = n & (n - 1) == 0
-        tables = [self.table(s / n if folded else s) for s in scales]
-        divisor = None if folded else self.np_dtype.type(n)
+        values = [float(self.np_dtype.type(s / n if folded else s)) for s in scales]
+        return values, None if folded else float(n)
+
+    def mean_source(self, packed_rows: np.ndarray, values: list[float],
+                    divisor: Optional[float]) -> Callable[[int, int], np.ndarray]:
+        """``src(a, b)``: the mean over the rows of their decoded elements [a, b), summed in row order
+        (``mean_terms``' values and divisor)."""
+        tables = [self.table(v) for v in values]
+        divisor = None if divisor is None else self.np_dtype.type(divisor)
 
         def src(a: int, b: int) -> np.ndarray:
             lo, hi = a // 8, -(-b // 8)

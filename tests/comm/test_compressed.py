@@ -82,6 +82,22 @@ def run_calls(numels, dtype_name, algorithm, calls, async_op=False, salt=0):
     return out
 
 
+def run_both_paths(numels, dtype_name, algorithm, calls):
+    """``run_calls`` with the C kernels, then with the numpy path forced; ``None`` without the extension."""
+    import zerocomm.ops.onebit_kernels as kernels
+
+    native = kernels.NATIVE
+    if native is None:
+        return None
+    with_c = run_calls(numels, dtype_name, algorithm, calls)
+    kernels.NATIVE = None
+    try:
+        with_numpy = run_calls(numels, dtype_name, algorithm, calls)
+    finally:
+        kernels.NATIVE = native
+    return with_c, with_numpy
+
+
 def run_two_in_flight(numel, algorithm):
     """Two async calls on two tensors with their own states, waited for in reverse order."""
     rank = dist.get_rank()
@@ -202,6 +218,24 @@ def test_matches_numpy_model(world, algorithm):
 def test_other_float_dtypes(world, dtype_name):
     per_rank = world.run(run_calls, (1, 13, 1027), dtype_name, "ring", 3)
     _check_against_model(per_rank, (1, 13, 1027), DTYPES[dtype_name], 3)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("world", worlds(sizes=(2, 3)), indirect=True)
+def test_c_kernels_and_numpy_path_give_the_same_bits(world, dtype_name):
+    """Through real process groups: every result and both error states, bit for bit (as float64 copies,
+    which are exact), with the C kernels and with the numpy path (600001 elements: several blocks)."""
+    numels = (13, 600001)
+    per_rank = world.run(run_both_paths, numels, dtype_name, "native", 3)
+    if per_rank[0] is None:
+        pytest.skip("the C extension zerocomm.ops._onebit is not built here (no C compiler when the package was "
+                    "installed): the numpy path is the only one")
+    for r, (with_c, with_numpy) in enumerate(per_rank):
+        for numel in numels:
+            (c_results, c_worker, c_server), (np_results, np_worker, np_server) = with_c[numel], with_numpy[numel]
+            for call, (a, b) in enumerate(zip(c_results, np_results)):
+                assert np.array_equal(a, b), f"rank {r} numel {numel} call {call}: {int((a != b).sum())} differ"
+            assert np.array_equal(c_worker, np_worker) and np.array_equal(c_server, np_server), f"rank {r} {numel}"
 
 
 @pytest.mark.parametrize("algorithm", ["native", "ring"])

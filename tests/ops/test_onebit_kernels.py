@@ -7,6 +7,9 @@ published scheme (tests/support/onebit_reference.py).  Tolerance: the model sums
 in one go, the codec in float32 per block then float64, which moves a scale by a few ulps, so
 results and states agree to 1e-5 of the largest value (1e-12 in float64); everything else is the
 same operations in the same order (the lazy update is exact, see the kernels' note).
+
+Every test here runs twice: with the C kernels (``zerocomm.ops._onebit``, when built) and with the
+numpy path forced (``NATIVE = None``); ``test_c_kernels_match_numpy_bit_for_bit`` compares the two.
 """
 import numpy as np
 import pytest
@@ -18,6 +21,20 @@ from zerocomm.ops import ErrorFeedback
 from zerocomm.ops.onebit_kernels import _CpuCodec, _TorchCodec, pack_signs_torch
 
 NUMELS = (1, 13, 100, 1027, 5000)
+
+NO_EXTENSION = ("the C extension zerocomm.ops._onebit is not built here (no C compiler when the package was "
+                "installed): only the numpy path runs")
+
+
+@pytest.fixture(autouse=True, params=["c", "numpy"])
+def codec_path(request, monkeypatch):
+    """Run the test with the C kernels, then with the numpy path."""
+    if request.param == "c":
+        if kernels.NATIVE is None:
+            pytest.skip(NO_EXTENSION)
+    else:
+        monkeypatch.setattr(kernels, "NATIVE", None)
+    return request.param
 
 
 def _inputs(n, numel, call, dtype, seed=0):
@@ -196,3 +213,73 @@ class _CpuStateView:
 
     def __init__(self, state):
         self.worker_error, self.server_error = state.worker_error.cpu(), state.server_error.cpu()
+
+
+# --- the C kernels against the numpy path ------------------------------------------------------------
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _edge_inputs(n, numel, call, dtype):
+    """Gradient-like values with zeros, -0.0, tiny and large values (subnormal in float16)."""
+    values = _inputs(n, numel, call, torch.float64, seed=21)
+    for r, v in enumerate(values):
+        v[r::5] = 0.0
+        v[r + 1::9] = -0.0
+        v[r + 2::13] *= 1e-6
+        v[r + 3::17] *= 1e3
+    return [v.to(dtype) for v in values]
+
+
+def _run_path(native, n, numel, dtype, monkeypatch, calls=3):
+    monkeypatch.setattr(kernels, "NATIVE", native)
+    states = [ErrorFeedback() for _ in range(n)]
+    results = [simulate(states, _edge_inputs(n, numel, call, dtype)) for call in range(calls)]
+    for state in states:
+        assert (state._codec.native is not None) == (native is not None and dtype != torch.float64)
+    return results, [(s.worker_error, s.server_error) for s in states]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n, numel", [(1, 13), (2, 1), (2, 8), (2, 1027), (3, 100), (4, 5000), (5, 70001),
+                                      (8, 1000), (2, 2 * (1 << 18) + 4099)])
+def test_c_kernels_match_numpy_bit_for_bit(n, numel, dtype, codec_path, monkeypatch):
+    """Results (every rank, every call) and both error states, bit for bit; numel past two BLOCKs per
+    segment, padding inside a group of 8, empty segments (n=8, numel=1000 has none; n=2, numel=1 has)."""
+    if codec_path == "numpy":
+        pytest.skip("compares both paths itself (runs once, under the 'c' parameter)")
+    native = kernels.NATIVE
+    c_results, c_states = _run_path(native, n, numel, dtype, monkeypatch)
+    np_results, np_states = _run_path(None, n, numel, dtype, monkeypatch)
+    for call, (c_call, np_call) in enumerate(zip(c_results, np_results)):
+        for r, (a, b) in enumerate(zip(c_call, np_call)):
+            assert a.dtype == b.dtype == dtype
+            assert torch.equal(_bits(a), _bits(b)), f"call {call} rank {r}: {int((_bits(a) != _bits(b)).sum())} differ"
+    for r, ((cw, cs), (nw, ns)) in enumerate(zip(c_states, np_states)):
+        assert torch.equal(_bits(cw), _bits(nw)) and torch.equal(_bits(cs), _bits(ns)), f"rank {r} error states"
+
+
+def test_c_kernels_refuse_buffers_that_do_not_fit(codec_path):
+    if codec_path == "numpy":
+        pytest.skip("the C kernels' own checks")
+    native = kernels.NATIVE
+    x, bits = np.zeros(16, np.float32), np.zeros(2, np.uint8)
+    with pytest.raises(ValueError, match="whole groups of 8"):
+        native.encode(np.zeros(12, np.float32), 12, None, bits, np.zeros(12, np.float32), 0)
+    with pytest.raises(ValueError, match=r"valid must be in \[0, 16\], got 17"):
+        native.encode(x, 17, None, bits, np.zeros(17, np.float32), 0)
+    with pytest.raises(ValueError, match="16 elements need 2 bytes of signs, got 1"):
+        native.encode(x, 16, None, bits[:1], np.zeros(16, np.float32), 0)
+    with pytest.raises(ValueError, match="need 64 bytes, got 60"):
+        native.encode(x, 16, None, bits, np.zeros(15, np.float32), 0)
+    with pytest.raises(ValueError, match="kind must be 0, 1 or 2, got 7"):
+        native.encode(x, 16, None, bits, np.zeros(16, np.float32), 7)
+    with pytest.raises(ValueError, match="do not fit"):
+        native.encode_mean(x, 16, 0.5, bits, np.zeros(4, np.uint8), 3, 0, [1.0, 1.0], 0.0)
+    with pytest.raises(ValueError, match="pos and neg must be one element of 2, 4 or 8 bytes"):
+        native.decode(x, bits, 16, b"abc", b"abc")
+    with pytest.raises(ValueError, match="16 elements need 64 bytes of out"):
+        native.decode(x[:8], bits, 16, b"abcd", b"efgh")
+    with pytest.raises(TypeError):
+        native.encode(x.copy().view(np.uint8)[::2], 0, None, bits, b"", 0)  # not contiguous
