@@ -50,7 +50,8 @@ _STALE = re.compile(rf"^{PREFIX}(\d+)(br|h\d+)$")
 SUBNET = "10.213.0"
 MASTER_PORT = 29513
 DEFAULT_ALGORITHMS = ("hierarchical", "ring", "native", "onebit")
-#: The agent's job file, and which host it runs (set on the agent's command line).
+#: The agent's job (JSON), and which host it runs.  Its optional ``rank_command`` replaces the benchmark's
+#: rank (the fault-injection tests run their own); every rank reads the job from this variable too.
 JOB_ENV = "ZEROCOMM_CLUSTER_JOB"
 #: This module, as ``python -m`` runs it in each namespace.
 MODULE = "zerocomm.benchmarks.cluster"
@@ -173,6 +174,11 @@ class Cluster:
             _sh(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", *shape])  # out of the host
             _sh(["tc", "-n", bridge, "qdisc", "add", "dev", port, *shape])  # into the host
 
+    def set_link(self, i: int, up: bool) -> None:
+        """Bring host ``i``'s link down (or up again) at the bridge's end, as a pulled cable would: the
+        host's ``eth0`` loses its carrier, nothing is reset, packets stop (the fault-injection tests)."""
+        _sh(["ip", "-n", f"{self.prefix}br", "link", "set", f"p{i}", "up" if up else "down"])
+
     def _netns(self, name: str) -> None:
         _sh(["ip", "netns", "add", name])
         self.made.append(name)
@@ -235,7 +241,7 @@ def _agent(hostname: str) -> int:
         env = dict(os.environ, RANK=str(job["host"] * job["ranks_per_host"] + local), LOCAL_RANK=str(local),
                    WORLD_SIZE=str(job["world_size"]), MASTER_ADDR=job["master"], MASTER_PORT=str(MASTER_PORT),
                    GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", MODULE, "--rank"], env=env))
+        procs.append(subprocess.Popen(job.get("rank_command") or [sys.executable, "-m", MODULE, "--rank"], env=env))
     worst = 0
     for proc in procs:
         status = proc.wait()

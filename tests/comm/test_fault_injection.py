@@ -1,7 +1,8 @@
 """Fault injection: every fault ends in a typed error on every survivor, in time, and the processes exit.
 
-Each case starts fresh ranks (see support/faults.py): a killed or absent rank would break a pooled
-world.  Deadlines are CASE_TIMEOUT_S (3 s) so the suite stays short; every survivor must answer
+Each case that kills, stalls or keeps out a rank starts fresh ranks (see support/faults.py): such a
+rank would break a pooled world; the gloo mismatch cases, which leave every rank and the group well,
+run in the session's pooled ranks.  Deadlines are CASE_TIMEOUT_S (3 s) so the suite stays short; every survivor must answer
 within that plus GRACE_S, and every process must exit.
 
 * a rank killed while every rank repeats a collective, for every collective and algorithm, on gloo
@@ -10,7 +11,8 @@ within that plus GRACE_S, and every process must exit.
 * a rank that never joins init (gloo and MPI): the others raise CommTimeoutError from init;
 * a rank alive but stalled: the others time out, then the group fails at once (poisoned);
 * mismatched op, dtype, shape, root and order, native and ring, gloo and MPI: CollectiveMismatchError
-  on every rank naming both sides, and the group still works;
+  on every rank naming both sides, and the group still works (gloo: in the session's pooled ranks,
+  since no rank dies);
 * Work.wait inside a future callback on a call a stalled rank never makes: a typed error by the deadline;
 * an uncaught exception under mpiexec aborts the job (no hang).
 """
@@ -140,12 +142,18 @@ def _assert_mismatch_reported(answers, n):
         assert after[0] == "none" and check == [float(n)] * 2, (rank, after, check)
 
 
+def _mismatched_in_pool(kind, algorithm):
+    from support.faults import mismatched
+    return mismatched(dist.get_rank(), dist.get_world_size(), kind, algorithm)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind,algorithm", MISMATCHES, ids=[f"{k}-{a}" for k, a in MISMATCHES])
-def test_gloo_mismatch_raises_on_every_rank(kind, algorithm):
-    results = fork_world(3, _mismatched, kind, algorithm)
-    assert all(r["exitcode"] == 0 for r in results), results
-    _assert_mismatch_reported([(rank, r["answer"][1]) for rank, r in enumerate(results)], 3)
+@pytest.mark.parametrize("world", [("gloo", 3)], indirect=True)
+def test_gloo_mismatch_raises_on_every_rank(world, kind, algorithm):
+    """A mismatch kills no rank and leaves the group usable (asserted): the session's 3-rank pool serves."""
+    results = world.run(_mismatched_in_pool, kind, algorithm, timeout=30)
+    _assert_mismatch_reported(list(enumerate(results)), 3)
 
 
 @needs_mpi
