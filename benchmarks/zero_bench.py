@@ -44,7 +44,8 @@ from .models import LMShape, TinyLM, batch_for, loss_fn
 VARIANTS = [("torch DDP", None), ("torch ZeroRedundancyOptimizer", None), ("torch FSDP2", None),
             ("zerocomm stage 0", "native"), ("zerocomm stage 1", "native"), ("zerocomm stage 2", "native"),
             ("zerocomm stage 1", "ring"), ("zerocomm stage 2", "ring"), ("zerocomm stage 3", "native"),
-            ("zerocomm stage 3", "ring"), ("zerocomm stage 2 offload cpu", "native"),
+            ("zerocomm stage 3", "ring"), ("zerocomm stage 1", "shm"), ("zerocomm stage 2", "shm"),
+            ("zerocomm stage 3", "shm"), ("zerocomm stage 2 offload cpu", "native"),
             ("zerocomm stage 2 offload nvme", "native")]
 
 
@@ -164,7 +165,7 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
             from zerocomm.zero import ZeroConfig, initialize
 
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-            for algorithm_name in ("native", "ring"):
+            for algorithm_name in ("native", "ring", "shm"):  # "shm" maps the group's shared segment
                 dist.all_reduce(torch.ones(1), algorithm=algorithm_name)
             _warm_up()
             base = _reset_peak()
