@@ -22,7 +22,9 @@ same placement as without offload) or in files, stepped in pieces of ``--offload
 ``sent/step MiB``: bytes one rank sends in one step — measured message by message for zerocomm's
 ring; for native gloo collectives zerocomm reports the optimal schedule's bytes, although gloo's
 reduce_scatter really runs a full all_reduce (so native stages 1-3 move more than shown); the
-textbook value for the torch variants (DDP 2Φ(N−1)/N, ZeroRedundancyOptimizer and FSDP2 3Φ(N−1)/N).
+textbook value for the torch variants (DDP 2Φ(N−1)/N, ZeroRedundancyOptimizer and FSDP2 3Φ(N−1)/N);
+0 for zerocomm's "shm" rows, whose ranks read each other's buffers in shared memory and send nothing over
+the backend (the choice ZeRO makes by itself when every rank is on one host and ``algorithm`` is left open).
 """
 from __future__ import annotations
 
