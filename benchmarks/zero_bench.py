@@ -22,7 +22,9 @@ same placement as without offload) or in files, stepped in pieces of ``--offload
 ``sent/step MiB``: bytes one rank sends in one step — measured message by message for zerocomm's
 ring; for native gloo collectives zerocomm reports the optimal schedule's bytes, although gloo's
 reduce_scatter really runs a full all_reduce (so native stages 1-3 move more than shown); the
-textbook value for the torch variants (DDP 2Φ(N−1)/N, ZeroRedundancyOptimizer and FSDP2 3Φ(N−1)/N).
+textbook value for the torch variants (DDP 2Φ(N−1)/N, ZeroRedundancyOptimizer and FSDP2 3Φ(N−1)/N);
+0 for zerocomm's "shm" rows, whose ranks read each other's buffers in shared memory and send nothing over
+the backend (the choice ZeRO makes by itself when every rank is on one host and ``algorithm`` is left open).
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ from .models import LMShape, TinyLM, batch_for, loss_fn
 VARIANTS = [("torch DDP", None), ("torch ZeroRedundancyOptimizer", None), ("torch FSDP2", None),
             ("zerocomm stage 0", "native"), ("zerocomm stage 1", "native"), ("zerocomm stage 2", "native"),
             ("zerocomm stage 1", "ring"), ("zerocomm stage 2", "ring"), ("zerocomm stage 3", "native"),
-            ("zerocomm stage 3", "ring"), ("zerocomm stage 2 offload cpu", "native"),
+            ("zerocomm stage 3", "ring"), ("zerocomm stage 1", "shm"), ("zerocomm stage 2", "shm"),
+            ("zerocomm stage 3", "shm"), ("zerocomm stage 2 offload cpu", "native"),
             ("zerocomm stage 2 offload nvme", "native")]
 
 
@@ -164,7 +167,7 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
             from zerocomm.zero import ZeroConfig, initialize
 
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-            for algorithm_name in ("native", "ring"):
+            for algorithm_name in ("native", "ring", "shm"):  # "shm" maps the group's shared segment
                 dist.all_reduce(torch.ones(1), algorithm=algorithm_name)
             _warm_up()
             base = _reset_peak()

@@ -14,7 +14,7 @@ from . import deepspeed_config
 from .errors import ZeroConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-COMM_ALGORITHMS = ("native", "ring", "tree", "auto")
+COMM_ALGORITHMS = ("native", "ring", "tree", "recursive_doubling", "shm", "hierarchical", "auto")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
@@ -62,8 +62,14 @@ class ZeroConfig:
     shard_alignment: int = 16
     """Each rank's chunk of a bucket is a multiple of this many elements (buckets are zero-padded)."""
     algorithm: Optional[str] = None
-    """Communication algorithm for every ZeRO collective ("native", "ring", "tree", "auto"); None
-    uses the process default of zerocomm.comm."""
+    """Communication algorithm for every ZeRO collective ("native", "ring", "tree", "shm", "auto", ...); None
+    uses the process default of zerocomm.comm.  With None or "auto" on a CPU group whose ranks all share one
+    host, the collectives of a training step use "shm" (see ``shared_memory``)."""
+    shared_memory: bool = True
+    """When ``algorithm`` is None or "auto" (and no other process default was set), the group moves CPU tensors
+    and every rank is on one host: run the step's collectives (bucket reductions, parameter gathers, the
+    gradient norm) with the "shm" algorithm, which reads peers' buffers through shared memory instead of
+    sending them over the backend.  False: leave the choice to zerocomm.comm's "auto" table."""
     wait_per_module: bool = True
     """Stages 1-2: each module waits, in its forward pre-hook, only for the post-step all_gather of the
     buckets holding its own parameters, so later buckets keep gathering while the first modules compute.
@@ -124,7 +130,7 @@ class ZeroConfig:
         if self.nvme_path is not None and not isinstance(self.nvme_path, (str, os.PathLike)):
             raise ZeroConfigError(f"nvme_path must be a path, got {self.nvme_path!r}")
         for name in ("overlap_comm", "reduce_scatter", "debug", "wait_per_module", "pin_memory",
-                     "consecutive_hysteresis"):
+                     "consecutive_hysteresis", "shared_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ZeroConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("gradient_clipping", "loss_scale"):

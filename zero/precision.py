@@ -44,14 +44,17 @@ def sum_of_squares(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 
 
 def global_sum_of_squares(local: Iterable[torch.Tensor], group=None, *, sharded: bool,
-                          algorithm: Optional[str] = None, device=None) -> float:
+                          algorithm: Optional[str] = None, device=None, world_size: Optional[int] = None) -> float:
     """The float64 sum of squares of every rank's ``local`` elements (``sharded``), or of this rank's
     alone when every rank holds the same full gradients.  Every rank of ``group`` calls it.  ``device``:
-    where the total is reduced (the group's device; offloaded gradients are summed on the host)."""
+    where the total is reduced (the group's device; offloaded gradients are summed on the host).
+    ``world_size``: the group's size, when the caller knows it (else it is asked)."""
     total = sum_of_squares(local)
     if device is not None and total.device != device:
         total = total.to(device)
-    if sharded and dist.get_world_size(group) > 1:
+    if world_size is None:
+        world_size = dist.get_world_size(group)
+    if sharded and world_size > 1:
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group, algorithm=algorithm)
     return float(total.item())
 

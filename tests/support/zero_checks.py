@@ -334,3 +334,37 @@ def overlap_trace(stage: int, path: str = "", **fields) -> dict:
     for record in prof.records:
         out.setdefault(record.op, []).append((record.start_s - origin, record.end_s - origin))
     return out
+
+
+def step_algorithm_cases() -> dict:
+    """Which algorithm the step's collectives get for several configurations (every rank on this host), and
+    whether a default ZeRO-2 step's collectives ran with it: ``{label: algorithm}`` plus ``"ran"``."""
+    from zerocomm.zero.optimizer import step_algorithm
+
+    model = build_model("mlp", 0)
+    device = next(model.parameters()).device
+    n = dist.get_world_size()
+    seen = {label: step_algorithm(ZeroConfig(**fields), None, n, device)
+            for label, fields in [("default", {}), ("auto", {"algorithm": "auto"}), ("ring", {"algorithm": "ring"}),
+                                  ("off", {"shared_memory": False}), ("off auto", {"algorithm": "auto",
+                                                                                   "shared_memory": False})]}
+    seen["meta device"] = step_algorithm(ZeroConfig(), None, n, torch.device("meta"))
+    previous = dist.get_default_algorithm()
+    dist.set_default_algorithm("ring")
+    try:
+        seen["process default ring"] = step_algorithm(ZeroConfig(), None, n, device)
+    finally:
+        dist.set_default_algorithm(previous)
+    model, optimizer = initialize(model, adam, ZeroConfig(stage=2))
+    x, y = batch_for(model, seed=0, rank=dist.get_rank(), step=0)
+    loss_fn(model, model(x), y).backward()  # the first shm call maps the segment (its name is sent once)
+    optimizer.step()
+    with dist.count_bytes() as counter:  # then shm moves nothing over the backend: no bytes counted as sent
+        loss_fn(model, model(x), y).backward()
+        optimizer.step()
+        optimizer.synchronize()
+    seen["optimizer"] = optimizer.step_algorithm
+    seen["ran"] = sorted(counter.per_op)
+    seen["sent"] = counter.bytes_sent
+    optimizer.remove_hooks()
+    return seen

@@ -22,13 +22,14 @@ REL = 1e-5
 REL_CLIPPED = 5e-5
 FP32 = 4
 
-# (model, gradient_accumulation_steps, gradient_clipping, stages, algorithms); clipping thresholds are
+# (model, gradient_accumulation_steps, gradient_clipping, stages, algorithms; None: the default, which is "shm"
+# when every rank is on one host, as here); clipping thresholds are
 # below the models' gradient norms, so clipping is active on every step.  "paths" (support/zero_checks.py)
 # calls a layer twice per forward, ties a weight across two stage-3 units, skips a layer on odd steps and
 # evaluates under torch.no_grad() after every step.
 EQUIVALENCE_CASES = [
-    ("lm", 1, 0.0, (0, 1, 2, 3), ("native", "ring")),
-    ("lm", 2, 0.05, (0, 1, 2, 3), ("ring",)),
+    ("lm", 1, 0.0, (0, 1, 2, 3), ("native", "ring", "shm", None)),
+    ("lm", 2, 0.05, (0, 1, 2, 3), ("ring", "shm")),
     ("mlp", 2, 0.0, (1, 2, 3), ("native",)),
     ("mlp", 1, 0.5, (0, 1, 2, 3), ("native",)),
     ("paths", 2, 0.5, (0, 2, 3), ("native",)),
@@ -162,3 +163,15 @@ def test_waiting_at_the_root_finishes_every_gather_before_the_first_module(world
     # The counterpart of the check above: with wait_per_module=False nothing is gathered while modules compute.
     for seen in world.run(zero_checks.overlap_trace, 2, wait_per_module=False):
         assert _end_of_first_gathers(seen) <= seen["embedding"][1], seen
+
+
+@pytest.mark.parametrize("world", worlds(sizes=(2, 3)), indirect=True)
+def test_one_host_steps_run_over_shared_memory_unless_told_otherwise(world):
+    for rank, seen in enumerate(world.run(zero_checks.step_algorithm_cases)):
+        where = f"rank {rank}: {seen}"
+        assert seen["default"] == seen["auto"] == seen["optimizer"] == "shm", where
+        assert seen["ring"] == "ring" and seen["off"] is None and seen["off auto"] == "auto", where
+        assert seen["process default ring"] is None, where  # the user's process default stands
+        assert seen["meta device"] is None, where  # not a CPU tensor: no shared memory
+        # The step's reduce_scatter and all_gather ran, and sent nothing over the backend: shared memory.
+        assert seen["ran"] == ["all_gather", "reduce_scatter"] and seen["sent"] == 0, where
