@@ -47,10 +47,6 @@ def build_optimizer_state(placement: StatePlacement, param_shards: Sequence[torc
                                   buffer_count=config.offload_buffer_count, piece_numel=config.offload_buffer_numel,
                                   needs_norm=config.gradient_clipping > 0 or config.precision == "fp16",
                                   param_store=param_store if files else None)
-    if files:
-        raise ZeroConfigError(f"rank {rank}: offload_param 'nvme' needs offload_optimizer 'nvme': the optimizer must "
-                              f"step the parameter shards piece by piece from their files (with the optimizer state "
-                              f"in memory, an fp32 master would be a whole in-memory copy of the parameter shard)")
     if placement is StatePlacement.HOST and device.type != "cpu":
         return HostOptimizerState(param_shards, full32, factory, rank, pin_memory=config.pin_memory, device=device)
     if param_shards[0].device != device:

@@ -52,9 +52,7 @@ def build_param_store(config, layouts: Sequence[BucketLayout], *, dtype: torch.d
         if device.type != "cpu":
             raise ZeroConfigError(f"rank {rank}: offload_param 'nvme' reads and writes host memory; parameters on "
                                   f"{device} need offload_param 'cpu' (or a CPU model)")
-        if not config.nvme_path:
-            raise ZeroConfigError("offload_param 'nvme' needs nvme_path (a folder for the parameter files)")
-        return FileShards(numels, dtype=dtype, folder=Path(config.nvme_path), rank=rank)
+        return FileShards(numels, dtype=dtype, folder=Path(config.param_nvme_path or config.nvme_path), rank=rank)
     if config.offload_param == "cpu" and device.type != "cpu":
         return HostShards(numels, dtype=dtype, device=device, pin_memory=config.pin_memory)
     if config.offload_param == "cpu":

@@ -30,10 +30,11 @@ def forced_host_state():
     """Within the block, ``offload_optimizer: cpu`` builds ``HostOptimizerState`` even for CPU parameters."""
     original = optimizer_module.build_optimizer_state
 
-    def build(placement, param_shards, full32, factory, rank, config):
+    def build(placement, param_shards, full32, factory, rank, config, **where):
         if placement is StatePlacement.HOST:
-            return HostOptimizerState(param_shards, full32, factory, rank, pin_memory=config.pin_memory)
-        return original(placement, param_shards, full32, factory, rank, config)
+            return HostOptimizerState(param_shards, full32, factory, rank, pin_memory=config.pin_memory,
+                                      device=where.get("device"))
+        return original(placement, param_shards, full32, factory, rank, config, **where)
 
     optimizer_module.build_optimizer_state = build
     try:
@@ -76,9 +77,9 @@ def host_data_movement(stage: int, steps: int = 3) -> dict:
     stamps = []
     ready = state.gradient_ready
 
-    def recording(index, grad):
+    def recording(index, grad, factor):
         stamps.append(time.perf_counter())
-        ready(index, grad)
+        ready(index, grad, factor)
 
     state.gradient_ready = recording
     before = (state.to_host_bytes, state.to_device_bytes)
