@@ -5,7 +5,8 @@
 * ``DEVICE``: ``DeviceOptimizerState`` (optimizer_state.py), masters and state beside the parameters;
 * ``HOST``: ``HostOptimizerState`` below for parameters on an accelerator; for parameters already in
   host memory (CPU models) the device *is* the host, so ``DeviceOptimizerState`` serves unchanged;
-* ``DISK``: ``NvmeOptimizerState`` (offload_nvme.py), state in files, stepped piece by piece.
+* ``DISK``: ``NvmeOptimizerState`` (offload_nvme.py), state and the reduced gradient shard in files, stepped
+  piece by piece.
 
 [Note: the data movement of ZeRO-Offload]
 For a CUDA model, per bucket and per step: when the bucket's reduction has been waited for (during

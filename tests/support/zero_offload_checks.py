@@ -129,8 +129,9 @@ def nvme_files_and_memory(folder: str, precision: str, steps: int = 3) -> dict:
     return out
 
 
-def _nvme(folder: str) -> dict:
-    return {"offload_optimizer": "nvme", "nvme_path": folder, "offload_buffer_numel": 600, "offload_buffer_count": 2}
+def _nvme(folder: str, params: bool = False) -> dict:
+    fields = {"offload_optimizer": "nvme", "nvme_path": folder, "offload_buffer_numel": 600, "offload_buffer_count": 2}
+    return {**fields, "offload_param": "nvme"} if params else fields
 
 
 def _fresh(stage: int, precision: str, fields: dict):
@@ -139,10 +140,11 @@ def _fresh(stage: int, precision: str, fields: dict):
     return initialize(build_model("lm", 0), adam, config)
 
 
-def nvme_checkpoint(folder: str, checkpoint: str, stage: int, precision: str) -> dict:
-    """Train 3 steps with NVMe offload, save, train 3 more (A); a fresh NVMe optimizer loads and trains the same
-    3 (B); a fresh optimizer without offload loads the same checkpoint and trains them too (C)."""
-    model, optimizer = _fresh(stage, precision, _nvme(folder))
+def nvme_checkpoint(folder: str, checkpoint: str, stage: int, precision: str, params: bool = False) -> dict:
+    """Train 3 steps with NVMe offload (``params``: stage 3's parameter shards in files too), save, train 3 more
+    (A); a fresh optimizer offloaded alike loads and trains the same 3 (B); a fresh optimizer without offload loads
+    the same checkpoint and trains them too (C)."""
+    model, optimizer = _fresh(stage, precision, _nvme(folder, params))
     for step in range(3):
         _global_step(model, optimizer, step)
     optimizer.save(checkpoint)
@@ -150,7 +152,7 @@ def nvme_checkpoint(folder: str, checkpoint: str, stage: int, precision: str) ->
     params_a = _params(model, optimizer)
     optimizer.remove_hooks()
     results = {}
-    for name, fields in (("nvme", _nvme(folder)), ("plain", {})):
+    for name, fields in (("nvme", _nvme(folder, params)), ("plain", {})):
         model, optimizer = _fresh(stage, precision, fields)
         optimizer.load(checkpoint)
         losses = [_global_step(model, optimizer, step) for step in range(3, 6)]

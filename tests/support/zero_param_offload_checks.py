@@ -11,7 +11,6 @@ from zerocomm.zero import ZeroConfig, initialize
 
 from .dist import dist
 from .zero_checks import adam, max_relative_error, zero_run
-from .zero_ckpt_checks import _global_step, _params
 
 
 def nvme_fields(folder: str, params: bool = True) -> dict:
@@ -49,33 +48,6 @@ def placement(folder: str, precision: str) -> dict:
     return {"report": optimizer.memory_report(), "persistent": persistent,
             "shard_bytes": sum(layout.chunk_numel for layout in optimizer.layouts) * parameters.dtype.itemsize,
             "files": sorted(p.name for p in parameters.store.folder.iterdir())}
-
-
-def checkpoint(folder: str, path: str, precision: str) -> dict:
-    """Train 3 steps with parameters (and state) in files, save, train 3 more (A); a fresh parameter-offloaded
-    optimizer loads and trains the same 3 (B); stage 3 without offload loads and trains them (C)."""
-    def fresh(fields):
-        config = ZeroConfig(stage=3, reduce_bucket_numel=8000, allgather_bucket_numel=8000,
-                            stage3_param_persistence_threshold=100, algorithm="native", precision=precision, **fields)
-        return initialize(build_model("lm", 0), adam, config)
-
-    model, optimizer = fresh(nvme_fields(folder))
-    for step in range(3):
-        _global_step(model, optimizer, step)
-    optimizer.save(path)
-    losses_a = [_global_step(model, optimizer, step) for step in range(3, 6)]
-    params_a = _params(model, optimizer)
-    optimizer.remove_hooks()
-    results = {}
-    for name, fields in (("param_nvme", nvme_fields(folder)), ("plain", {})):
-        model, optimizer = fresh(fields)
-        optimizer.load(path)
-        losses = [_global_step(model, optimizer, step) for step in range(3, 6)]
-        params = _params(model, optimizer)
-        optimizer.remove_hooks()
-        results[name] = {"loss_err": max(abs(a - b) / abs(a) for a, b in zip(losses_a, losses)),
-                         "param_err": max(float((params_a[n] - params[n]).abs().max()) for n in params_a)}
-    return results
 
 
 def _vm(field: str) -> int:

@@ -7,7 +7,7 @@ bound the stage tests use (1e-5 relative: stage 3's own runs differ in the last 
 """
 import pytest
 
-from support import zero_param_offload_checks as checks
+from support import zero_offload_checks, zero_param_offload_checks as checks
 from support.worlds import worlds
 
 REL = 1e-5
@@ -38,9 +38,9 @@ def test_parameter_shards_are_on_disk_and_only_the_persistent_unit_in_memory(wor
 def test_parameter_offloaded_checkpoints_save_and_reload(world, tmp_path, precision):
     folder = tmp_path / "nvme"
     folder.mkdir()
-    for rank, seen in enumerate(world.run(checks.checkpoint, str(folder), str(tmp_path / "ckpt"), precision,
-                                          timeout=120)):
-        for name in ("param_nvme", "plain"):  # reloaded with parameters in files, and into stage 3 without offload
+    for rank, seen in enumerate(world.run(zero_offload_checks.nvme_checkpoint, str(folder), str(tmp_path / "ckpt"), 3,
+                                          precision, True, timeout=120)):
+        for name in ("nvme", "plain"):  # reloaded with parameters in files, and into stage 3 without offload
             assert seen[name]["loss_err"] <= REL, (rank, name, seen)
 
 
