@@ -186,7 +186,8 @@ def deepspeed_config_training(config: dict, folder: str, steps: int = 2) -> dict
     config_seen = optimizer.config
     return {"losses": losses, "steps": optimizer.step_count + optimizer.skipped_steps, "stage": config_seen.stage,
             "precision": config_seen.precision, "accum": accum, "offload": config_seen.offload_optimizer,
-            "state": type(optimizer.optimizer_state).__name__}
+            "state": type(optimizer.optimizer_state).__name__, "offload_param": config_seen.offload_param,
+            "param_store": type(getattr(optimizer.parameters, "store", None)).__name__}
 
 
 def _with_nvme_path(config, folder: str):
