@@ -18,7 +18,9 @@ are warmed up first; glibc is told to return large freed blocks at once), the la
 optimizer's state; DDP's own bucket copies of the gradients are not included).
 ``offload cpu`` / ``offload nvme``: stage 2 with the optimizer state in host memory (for these CPU ranks the
 same placement as without offload) or in files, stepped in pieces of ``--offload-buffer-numel`` elements with
-``--offload-buffer-count`` pieces in memory; ``last loss`` shows the runs train alike.
+``--offload-buffer-count`` pieces in memory (with NVMe, the reduced gradient shard streams to files during backward);
+``offload nvme params``: stage 3 with the parameter shards in files too (``offload_param: nvme``); ``last loss``
+shows the runs train alike.
 ``sent/step MiB``: bytes one rank sends in one step — measured message by message for zerocomm's
 ring; for native gloo collectives zerocomm reports the optimal schedule's bytes, although gloo's
 reduce_scatter really runs a full all_reduce (so native stages 1-3 move more than shown); the
@@ -48,7 +50,8 @@ VARIANTS = [("torch DDP", None), ("torch ZeroRedundancyOptimizer", None), ("torc
             ("zerocomm stage 1", "ring"), ("zerocomm stage 2", "ring"), ("zerocomm stage 3", "native"),
             ("zerocomm stage 3", "ring"), ("zerocomm stage 1", "shm"), ("zerocomm stage 2", "shm"),
             ("zerocomm stage 3", "shm"), ("zerocomm stage 2 offload cpu", "native"),
-            ("zerocomm stage 2 offload nvme", "native")]
+            ("zerocomm stage 2 offload nvme", "native"), ("zerocomm stage 3 offload nvme", "native"),
+            ("zerocomm stage 3 offload nvme params", "native")]
 
 
 def _rss_bytes() -> int:
@@ -174,6 +177,8 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
             model, phi = _model(args)
             stage, offload = _stage_and_offload(name)
             fields = {"offload_optimizer": offload}
+            if name.endswith(" params"):
+                fields["offload_param"] = offload
             if offload == "nvme":
                 fields.update(nvme_path=args.nvme_path or store_dir, offload_buffer_numel=args.offload_buffer_numel,
                               offload_buffer_count=args.offload_buffer_count)

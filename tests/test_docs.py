@@ -159,3 +159,5 @@ def test_deepspeed_configs_shown_train_unchanged(world, tmp_path):
         for rank, seen in enumerate(world.run(zero_offload_checks.deepspeed_config_training, config, str(tmp_path),
                                               timeout=120)):
             assert seen["steps"] == 2 and all(math.isfinite(loss) for loss in seen["losses"]), (index, rank, seen)
+            if seen["stage"] == 3 and seen["offload_param"] == "nvme":  # ZeRO-Infinity: parameter shards in files
+                assert seen["param_store"] == "FileShards", (index, rank, seen)

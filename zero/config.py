@@ -90,10 +90,14 @@ class ZeroConfig:
     parameters stream back; for CPU models the same as "none") or "nvme" (files under ``nvme_path``, read
     and written in pieces of ``offload_buffer_numel`` elements while the optimizer steps)."""
     offload_param: str = "none"
-    """Where stage 3's parameter shards live.  Parameter offload is not implemented: "cpu" and "nvme" are
-    accepted and leave the shards where the model put them (host memory for CPU models), with a logged line."""
+    """Where stage 3's parameter shards live between gathers: "none" (with the model), "cpu" (host memory beside
+    a CUDA model, copied to the device for each gather; for CPU models the same as "none") or "nvme" (files under
+    ``param_nvme_path``, each unit read a unit ahead of its gather and written by the optimizer's step; needs
+    offload_optimizer "nvme").  Stages 0-2 keep every parameter for forward: there it changes nothing."""
     nvme_path: Optional[str] = None
     """offload_optimizer "nvme": the folder holding the state files (one subfolder per process, removed at exit)."""
+    param_nvme_path: Optional[str] = None
+    """offload_param "nvme": the folder holding the parameter files (default: ``nvme_path``)."""
     pin_memory: bool = True
     """offload_optimizer "cpu" with CUDA models: host buffers are page-locked, so copies run asynchronously."""
     offload_buffer_count: int = 4
@@ -127,8 +131,18 @@ class ZeroConfig:
         _check_int("offload_buffer_numel", self.offload_buffer_numel, minimum=1)
         if self.offload_optimizer == "nvme" and not self.nvme_path:
             raise ZeroConfigError("offload_optimizer 'nvme' needs nvme_path (a folder for the state files)")
-        if self.nvme_path is not None and not isinstance(self.nvme_path, (str, os.PathLike)):
-            raise ZeroConfigError(f"nvme_path must be a path, got {self.nvme_path!r}")
+        for name in ("nvme_path", "param_nvme_path"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), (str, os.PathLike)):
+                raise ZeroConfigError(f"{name} must be a path, got {getattr(self, name)!r}")
+        if self.offload_param == "nvme" and self.stage == 3:
+            if not (self.param_nvme_path or self.nvme_path):
+                raise ZeroConfigError("offload_param 'nvme' needs param_nvme_path or nvme_path (a folder for the "
+                                      "parameter files)")
+            if self.offload_optimizer != "nvme":
+                raise ZeroConfigError(
+                    f"offload_param 'nvme' needs offload_optimizer 'nvme', got {self.offload_optimizer!r}: the "
+                    f"optimizer steps the parameter shards piece by piece from their files (with the optimizer "
+                    f"state in memory, each fp32 master would be a whole in-memory copy of its parameter shard)")
         for name in ("overlap_comm", "reduce_scatter", "debug", "wait_per_module", "pin_memory",
                      "consecutive_hysteresis", "shared_memory"):
             if not isinstance(getattr(self, name), bool):

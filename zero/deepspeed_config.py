@@ -56,8 +56,8 @@ class Key:
 
 H, F, I, L, R = Status.HONOURED, Status.FIXED, Status.IGNORED, Status.LOOP, Status.REFUSED
 _KERNEL = "selects among DeepSpeed's own kernels or schedules; zerocomm's results and memory do not depend on it"
-_NO_PARAM_OFFLOAD = ("parameter offload is not implemented: parameters stay where the model put them (for CPU "
-                     "models that is host memory already)")
+_PARAM_BUFFERS = ("offloaded parameter shards are read one unit at a time into a buffer of the unit's size (one "
+                  "unit ahead of the gathers in flight), so there is no separate buffer pool to size")
 
 _TABLE = [
     # -- batch and loop ----------------------------------------------------------------------------------
@@ -231,12 +231,14 @@ _TABLE = [
     Key("zero_optimization.offload_optimizer.super_offload", I, why=_KERNEL, default=False, kind=bool),
     Key("zero_optimization.offload_optimizer.cpuadam_cores_perc", I, why="torch's CPU optimizer uses "
         "torch.get_num_threads() threads", default=0.8, kind=float),
-    Key("zero_optimization.offload_param.device", H, "offload_param", why="accepted; " + _NO_PARAM_OFFLOAD,
-        default="none", kind=str),
-    Key("zero_optimization.offload_param.nvme_path", I, why=_NO_PARAM_OFFLOAD, kind=str),
-    Key("zero_optimization.offload_param.buffer_count", I, why=_NO_PARAM_OFFLOAD, default=5, kind=int),
-    Key("zero_optimization.offload_param.buffer_size", I, why=_NO_PARAM_OFFLOAD, default=100_000_000, kind=int),
-    Key("zero_optimization.offload_param.max_in_cpu", I, why=_NO_PARAM_OFFLOAD, default=1_000_000_000, kind=int),
+    Key("zero_optimization.offload_param.device", H, "offload_param", why="stage 3: \"cpu\" keeps the parameter "
+        "shards in host memory beside a CUDA model (CPU models: as \"none\"); \"nvme\" keeps them in files under "
+        "nvme_path, read a unit ahead of each gather (needs offload_optimizer \"nvme\")", default="none", kind=str),
+    Key("zero_optimization.offload_param.nvme_path", H, "param_nvme_path", kind=str),
+    Key("zero_optimization.offload_param.buffer_count", I, why=_PARAM_BUFFERS, default=5, kind=int),
+    Key("zero_optimization.offload_param.buffer_size", I, why=_PARAM_BUFFERS, default=100_000_000, kind=int),
+    Key("zero_optimization.offload_param.max_in_cpu", I, why="with parameters in files only the units in flight "
+        "are in memory", default=1_000_000_000, kind=int),
     Key("zero_optimization.offload_param.pin_memory", H, "pin_memory", default=True, kind=bool),
 ]
 

@@ -256,11 +256,15 @@ class ShardedGradients:
     persistent = False
 
     def __init__(self, layouts: list, *, dtype: torch.dtype, device: torch.device, reduction: Reduction,
-                 max_inflight: int, rank: int, group=None, algorithm: Optional[str] = None):
+                 max_inflight: int, rank: int, group=None, algorithm: Optional[str] = None, keep_shard: bool = True):
         self.layouts, self.dtype, self.device = layouts, dtype, device
         self.reduction, self.rank = reduction, rank
         self.group, self.algorithm = group, algorithm
-        self.shard = torch.zeros(sum(l.chunk_numel for l in layouts), dtype=dtype, device=device)
+        # keep_shard=False (an optimizer state that streams gradients to files): each bucket reduces into a chunk
+        # of its own, handed over once by ``reduced`` and forgotten, so no whole shard is ever held.
+        self.shard = torch.zeros(sum(l.chunk_numel for l in layouts), dtype=dtype, device=device) if keep_shard \
+            else None
+        self._handed: dict = {}  # keep_shard=False: bucket index -> its reduced chunk, until handed over
         self.max_inflight = max_inflight
         self.buckets: list = []  # set by the optimizer once the buckets exist
         self._inflight: collections.deque = collections.deque()
@@ -276,7 +280,10 @@ class ShardedGradients:
 
     def reduce(self, layout: BucketLayout, buffer: torch.Tensor):
         self._inflight.append(self.buckets[layout.index])
-        out = self.reduced(layout)
+        if self.shard is None:
+            out = self._handed[layout.index] = torch.empty(layout.chunk_numel, dtype=self.dtype, device=self.device)
+        else:
+            out = self.reduced(layout)
         if self.reduction is Reduction.REDUCE_SCATTER:
             return dist.reduce_scatter_tensor(out, buffer, op=dist.ReduceOp.AVG, group=self.group,
                                               async_op=True, algorithm=self.algorithm)
@@ -285,12 +292,18 @@ class ShardedGradients:
         lo, hi = self._chunk[layout.index]
         return _ThenWork(work, lambda: out.copy_(buffer[lo:hi]))
 
-    def reduced(self, layout: BucketLayout) -> torch.Tensor:
+    def reduced(self, layout: BucketLayout) -> Optional[torch.Tensor]:
+        """This rank's reduced elements of ``layout`` (keep_shard=False: the chunk on the first call after its
+        reduction, None afterwards)."""
+        if self.shard is None:
+            return self._handed.pop(layout.index, None)
         lo, hi = self._shard_range[layout.index]
         return self.shard[lo:hi]
 
     def end_step(self) -> None:
         self._inflight.clear()
+        self._handed.clear()
 
     def nbytes(self, buckets) -> int:
-        return tensor_bytes(self.shard) + sum(tensor_bytes(bucket.buffer) for bucket in buckets)
+        return (tensor_bytes(self.shard) + sum(tensor_bytes(chunk) for chunk in self._handed.values())
+                + sum(tensor_bytes(bucket.buffer) for bucket in buckets))

@@ -5,7 +5,8 @@
 * ``DEVICE``: ``DeviceOptimizerState`` (optimizer_state.py), masters and state beside the parameters;
 * ``HOST``: ``HostOptimizerState`` below for parameters on an accelerator; for parameters already in
   host memory (CPU models) the device *is* the host, so ``DeviceOptimizerState`` serves unchanged;
-* ``DISK``: ``NvmeOptimizerState`` (offload_nvme.py), state in files, stepped piece by piece.
+* ``DISK``: ``NvmeOptimizerState`` (offload_nvme.py), state and the reduced gradient shard in files, stepped
+  piece by piece.
 
 [Note: the data movement of ZeRO-Offload]
 For a CUDA model, per bucket and per step: when the bucket's reduction has been waited for (during
@@ -26,26 +27,37 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from .errors import ZeroConfigError
 from .gradients import tensor_bytes
-from .optimizer_state import DeviceOptimizerState, OptimizerFactory, check_optimizer
+from .optimizer_state import DeviceOptimizerState, MastersInMemory, OptimizerFactory, check_optimizer
 from .stages import StatePlacement
 
 
 def build_optimizer_state(placement: StatePlacement, param_shards: Sequence[torch.Tensor],
-                          full32: Optional[Sequence[torch.Tensor]], factory: OptimizerFactory, rank: int, config):
-    """The optimizer-state part for ``placement`` (see the module docstring)."""
-    device = param_shards[0].device
+                          full32: Optional[Sequence[torch.Tensor]], factory: OptimizerFactory, rank: int, config, *,
+                          device: Optional[torch.device] = None, param_store=None):
+    """The optimizer-state part for ``placement`` (see the module docstring).  ``device``: the parameters'
+    (compute) device, which differs from the shards' when stage 3 keeps them in host memory; ``param_store``:
+    stage 3's parameter shards (offload_param.py), which ``DISK`` steps piece by piece when they are files."""
+    device = device or param_shards[0].device
+    files = param_store is not None and hasattr(param_store, "path")
     if placement is StatePlacement.DISK:
         from .offload_nvme import NvmeOptimizerState
 
         return NvmeOptimizerState(param_shards, full32, factory, rank, folder=config.nvme_path,
-                                  buffer_count=config.offload_buffer_count, piece_numel=config.offload_buffer_numel)
+                                  buffer_count=config.offload_buffer_count, piece_numel=config.offload_buffer_numel,
+                                  needs_norm=config.gradient_clipping > 0 or config.precision == "fp16",
+                                  param_store=param_store if files else None)
     if placement is StatePlacement.HOST and device.type != "cpu":
-        return HostOptimizerState(param_shards, full32, factory, rank, pin_memory=config.pin_memory)
+        return HostOptimizerState(param_shards, full32, factory, rank, pin_memory=config.pin_memory, device=device)
+    if param_shards[0].device != device:
+        raise ZeroConfigError(f"rank {rank}: offload_param 'cpu' keeps the parameter shards of a model on {device} in "
+                              f"host memory, so the optimizer steps there too: it needs offload_optimizer 'cpu' "
+                              f"(got {config.offload_optimizer!r})")
     return DeviceOptimizerState(param_shards, full32, factory, rank)
 
 
-class HostOptimizerState:
+class HostOptimizerState(MastersInMemory):
     """Float32 masters, gradients and the optimizer's state in host memory; the step on the CPU.
 
     Args:
@@ -54,12 +66,15 @@ class HostOptimizerState:
         factory: builds the torch optimizer over the host masters.
         rank: for messages.
         pin_memory: page-lock the host buffers (CUDA only: asynchronous copies).
+        device: where gradients arrive from (default: the shards' device; stage 3 with ``offload_param: cpu``
+            passes the model's device, its shards being in host memory already).
     """
 
     def __init__(self, param_shards: Sequence[torch.Tensor], full32: Optional[Sequence[torch.Tensor]],
-                 factory: OptimizerFactory, rank: int, *, pin_memory: bool = True):
+                 factory: OptimizerFactory, rank: int, *, pin_memory: bool = True,
+                 device: Optional[torch.device] = None):
         self.rank = rank
-        self.device = param_shards[0].device
+        self.device = device or param_shards[0].device  # the gradients' device (the shards may be on the host)
         self.aliased = False  # the masters are never the parameters' storage
         cuda = self.device.type == "cuda"
         pin = pin_memory and cuda
@@ -75,8 +90,9 @@ class HostOptimizerState:
         self.to_device_bytes = 0
         """Bytes copied host -> device (updated parameters) since construction."""
 
-    def gradient_ready(self, index: int, grad: torch.Tensor) -> None:
-        """Bucket ``index``'s reduced elements ``grad`` (on the device) are final: start their copy to the host."""
+    def gradient_ready(self, index: int, grad: torch.Tensor, factor: float = 1.0) -> None:
+        """Bucket ``index``'s reduced elements ``grad`` (on the device) are final: start their copy to the host.
+        ``factor`` is applied by ``set_gradients`` on the host copy (the copy may still be in flight here)."""
         host = self.grads[index]
         if self._stream is not None:
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -106,26 +122,15 @@ class HostOptimizerState:
             out.append(host)
         return out
 
-    def scale_gradients(self, coefficient: float) -> None:
-        for master in self.masters:
-            master.grad.mul_(coefficient)
-
-    def step(self) -> None:
-        self.optimizer.step()
-
     def write_back(self, param_shards: Sequence[torch.Tensor]) -> None:
         """Copy the updated masters into the parameters' storage (host -> device, rounded to their dtype)."""
-        with torch.no_grad():
-            for shard, master in zip(param_shards, self.masters):
-                shard.copy_(master.detach(), non_blocking=self._stream is not None)
-                self.to_device_bytes += tensor_bytes(shard)
+        self.to_device_bytes += self._copy_masters(param_shards, into_params=True,
+                                                   non_blocking=self._stream is not None)
         if self._stream is not None:
             torch.cuda.current_stream(self.device).synchronize()  # the all_gather that follows reads them
 
     def read_from(self, param_shards: Sequence[torch.Tensor]) -> None:
-        with torch.no_grad():
-            for shard, master in zip(param_shards, self.masters):
-                master.copy_(shard)
+        self._copy_masters(param_shards, into_params=False)
 
     def clear_gradients(self) -> None:
         for master in self.masters:

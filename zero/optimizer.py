@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import math
 import time
 from pathlib import Path
@@ -56,6 +55,7 @@ from .config import ZeroConfig
 from .errors import ZeroConfigError, ZeroStateError
 from .gradients import BucketState, FullGradients, GradientBucket, ShardedGradients, tensor_bytes
 from .offload import build_optimizer_state, state_placement
+from .offload_param import note_unsharded_param_offload
 from .optimizer_state import OptimizerFactory
 from .partition import flatten_params
 from .precision import (LossScaler, cast_inputs, clip_coefficient, compute_dtype, global_sum_of_squares,
@@ -152,6 +152,7 @@ class ZeroOptimizer:
             self.parameters = ShardedParameters(self.params, self.layouts, units[0], full32, dtype=self.dtype,
                                                 rank=self.rank, config=config, group=group)
         else:
+            note_unsharded_param_offload(config, self.rank)
             self.parameters = ReplicatedParameters(self.params, self.layouts, full32, dtype=self.dtype,
                                                    sharded_updates=self.plan.shard_optimizer_state, rank=self.rank,
                                                    config=config, group=group)
@@ -159,20 +160,13 @@ class ZeroOptimizer:
         copies = None if self.dtype == torch.float32 else [self.parameters.owned_float32(full32, layout)
                                                            for layout in self.layouts]
         self.optimizer_state = build_optimizer_state(self.plan.optimizer_state, self._param_shards, copies,
-                                                     optimizer_factory, self.rank, config)
+                                                     optimizer_factory, self.rank, config,
+                                                     device=self.parameters.device,
+                                                     param_store=getattr(self.parameters, "store", None))
         del full32, copies
-        device = self._param_shards[0].device
-        if config.offload_param == "cpu" and device.type == "cpu":
-            logging.getLogger("zerocomm.zero").info("rank %d: offload_param 'cpu': the parameters are in host memory "
-                                                    "already", self.rank)
-        elif config.offload_param != "none":
-            logging.getLogger("zerocomm.zero").warning(
-                "rank %d: offload_param %r: parameter offload is not implemented; the parameters stay on %s",
-                self.rank, config.offload_param, device)
-        on_reduced = None  # an offloading state starts copying each bucket's reduced elements as soon as they are final
-        if hasattr(self.optimizer_state, "gradient_ready"):
-            on_reduced = lambda layout: self.optimizer_state.gradient_ready(  # noqa: E731
-                layout.index, self.gradients.reduced(layout))
+        device = self.parameters.device
+        # an offloading state starts copying (or writing) each bucket's reduced elements as soon as they are final
+        on_reduced = self._on_reduced if hasattr(self.optimizer_state, "gradient_ready") else None
         if self.plan.gradients is GradientPlacement.FULL:
             self.gradients = FullGradients(self.layouts, dtype=self.dtype, device=device, reduction=self.plan.reduction,
                                            owned=self.parameters.owned, rank=self.rank, group=group,
@@ -180,7 +174,8 @@ class ZeroOptimizer:
         else:
             self.gradients = ShardedGradients(self.layouts, dtype=self.dtype, device=device,
                                               reduction=self.plan.reduction, max_inflight=config.max_inflight_buckets,
-                                              rank=self.rank, group=group, algorithm=self.step_algorithm)
+                                              rank=self.rank, group=group, algorithm=self.step_algorithm,
+                                              keep_shard=not getattr(self.optimizer_state, "streams_gradients", False))
         self.buckets = [GradientBucket(layout, acquire=self.gradients.acquire, reduce=self.gradients.reduce,
                                        persistent=self.gradients.persistent, rank=self.rank, on_reduced=on_reduced)
                         for layout in self.layouts]
@@ -218,8 +213,9 @@ class ZeroOptimizer:
 
     @property
     def device(self) -> torch.device:
-        """The parameters' device: where ZeRO's collectives run (offloaded masters may live elsewhere)."""
-        return self._param_shards[0].device
+        """The parameters' device: where ZeRO's collectives run (offloaded masters and parameter shards may live
+        elsewhere)."""
+        return self.parameters.device
 
     def shard_bounds(self, layout) -> tuple[int, int]:
         """The bucket-relative element range of ``layout`` this rank's master holds."""
@@ -295,6 +291,15 @@ class ZeroOptimizer:
         self._reduced = True
         self.timeline.backward_end_s = time.perf_counter()
 
+    def _on_reduced(self, layout) -> None:
+        """A bucket's reduction was waited for: hand its reduced elements to an offloading optimizer state."""
+        self.optimizer_state.gradient_ready(layout.index, self.gradients.reduced(layout), self._gradient_factor())
+
+    def _gradient_factor(self) -> float:
+        """What the reduced gradients are multiplied by before the step: 1 / micro-steps (and 1 / loss scale)."""
+        factor = 1.0 / self.config.gradient_accumulation_steps
+        return factor / self.scaler.scale if self.scaler is not None else factor
+
     def _launch(self, bucket: GradientBucket) -> None:
         index = bucket.layout.index
         self.parameters.before_reduce(index)
@@ -321,15 +326,13 @@ class ZeroOptimizer:
         for bucket in self.buckets:
             bucket.wait()
         self.parameters.wait_all()  # a gather still in flight reads the chunk the optimizer is about to write
-        factor = 1.0 / self.config.gradient_accumulation_steps
-        if self.scaler is not None:
-            factor /= self.scaler.scale
         grads = self.optimizer_state.set_gradients([self.gradients.reduced(layout) for layout in self.layouts],
-                                                   factor)
+                                                   self._gradient_factor())
         if self.config.gradient_clipping > 0 or self.scaler is not None:
             sumsq = global_sum_of_squares(grads, self.group, sharded=self.plan.shard_optimizer_state,
-                                          algorithm=self.step_algorithm, device=self._param_shards[0].device,
-                                          world_size=self.world_size)
+                                          algorithm=self.step_algorithm, device=self.device,
+                                          world_size=self.world_size,
+                                          partial=getattr(self.optimizer_state, "streamed_sum_of_squares", None))
             if self.scaler is not None and not math.isfinite(sumsq):
                 self.scaler.update(overflow=True)
                 self.skipped_steps += 1
@@ -435,10 +438,15 @@ class ZeroOptimizer:
         offload buffers) and ``buffers``.  "device" is the parameters' device when it is an accelerator;
         for CPU models parameters, gradients and in-memory state count as "host"."""
         states = self.model_state_bytes()
-        where = "host" if self._param_shards[0].device.type == "cpu" else "device"
+        where = "host" if self.device.type == "cpu" else "device"
         report = {part: {"device": 0, "host": 0, "disk": 0} for part in states}
         for part in ("params", "grads", "buffers"):
             report[part][where] = states[part]
+        if hasattr(self.parameters, "placement"):  # parameter shards offloaded (stage 3, offload_param)
+            report["params"] = self.parameters.placement(where)
+        if hasattr(self.optimizer_state, "gradient_placement"):  # gradients streamed to files
+            streamed = self.optimizer_state.gradient_placement()
+            report["grads"] = {key: report["grads"][key] + streamed[key] for key in streamed}
         storages = {shard.untyped_storage().data_ptr() for shard in self._param_shards}
         report["optimizer_state"] = state_placement(self.optimizer_state, storages)
         return report

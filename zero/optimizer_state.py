@@ -35,7 +35,36 @@ def check_optimizer(optimizer, masters: Sequence[torch.Tensor], rank: int) -> No
                               f"{len(masters)} master shards it is given, got {len(given)} other tensors")
 
 
-class DeviceOptimizerState:
+class MastersInMemory:
+    """What the in-memory states share: float32 master tensors ``self.masters`` whose ``.grad`` the step reads,
+    and the torch optimizer over them.  Subclasses set both and say when masters and parameters differ."""
+
+    masters: list
+    optimizer: torch.optim.Optimizer
+
+    def scale_gradients(self, coefficient: float) -> None:
+        for master in self.masters:
+            master.grad.mul_(coefficient)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def _copy_masters(self, param_shards: Sequence[torch.Tensor], *, into_params: bool,
+                      non_blocking: bool = False) -> int:
+        """Copy masters -> parameter shards (``into_params``, rounded to their dtype) or back; returns the bytes
+        written into the parameters."""
+        moved = 0
+        with torch.no_grad():
+            for shard, master in zip(param_shards, self.masters):
+                if into_params:
+                    shard.copy_(master.detach(), non_blocking=non_blocking)
+                    moved += tensor_bytes(shard)
+                else:
+                    master.copy_(shard)
+        return moved
+
+
+class DeviceOptimizerState(MastersInMemory):
     """This rank's float32 masters (one flat tensor per bucket) and the optimizer over them.
 
     Args:
@@ -71,26 +100,15 @@ class DeviceOptimizerState:
             out.append(grad)
         return out
 
-    def scale_gradients(self, coefficient: float) -> None:
-        for master in self.masters:
-            master.grad.mul_(coefficient)
-
-    def step(self) -> None:
-        self.optimizer.step()
-
     def write_back(self, param_shards: Sequence[torch.Tensor]) -> None:
         """Mixed precision: round the masters into the parameters' storage (fp32: they are that storage)."""
         if not self.aliased:
-            with torch.no_grad():
-                for shard, master in zip(param_shards, self.masters):
-                    shard.copy_(master.detach())
+            self._copy_masters(param_shards, into_params=True)
 
     def read_from(self, param_shards: Sequence[torch.Tensor]) -> None:
         """Mixed precision: take the masters' values from the parameters (after they were set from outside)."""
         if not self.aliased:
-            with torch.no_grad():
-                for shard, master in zip(param_shards, self.masters):
-                    master.copy_(shard)
+            self._copy_masters(param_shards, into_params=False)
 
     def clear_gradients(self) -> None:
         if not self.aliased:

@@ -44,12 +44,16 @@ def sum_of_squares(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 
 
 def global_sum_of_squares(local: Iterable[torch.Tensor], group=None, *, sharded: bool,
-                          algorithm: Optional[str] = None, device=None, world_size: Optional[int] = None) -> float:
+                          algorithm: Optional[str] = None, device=None, world_size: Optional[int] = None,
+                          partial: Optional[torch.Tensor] = None) -> float:
     """The float64 sum of squares of every rank's ``local`` elements (``sharded``), or of this rank's
     alone when every rank holds the same full gradients.  Every rank of ``group`` calls it.  ``device``:
     where the total is reduced (the group's device; offloaded gradients are summed on the host).
-    ``world_size``: the group's size, when the caller knows it (else it is asked)."""
+    ``world_size``: the group's size, when the caller knows it (else it is asked).  ``partial``: this
+    rank's sum already taken of elements no longer in memory (gradients streamed to files)."""
     total = sum_of_squares(local)
+    if partial is not None:
+        total += partial.to(total.device)
     if device is not None and total.device != device:
         total = total.to(device)
     if world_size is None:

@@ -70,6 +70,11 @@ class ReplicatedParameters:
                                    world_size, config.shard_alignment)
 
     # -- what the optimizer updates --------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live (and ZeRO's collectives run)."""
+        return self.flat.device
+
     def owned(self, layout: BucketLayout) -> tuple[int, int]:
         """The bucket-relative range this rank's optimizer updates."""
         return self._owned[layout.index]

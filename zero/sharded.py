@@ -15,6 +15,10 @@ Prefetching looks ``stage3_prefetch_depth`` units ahead (and at most
 ``stage3_prefetch_bucket_numel`` elements), and stops while more than
 ``stage3_max_live_parameters`` gathered elements are live.
 
+The shard itself lives in a *store* (offload_param.py): beside the model, in host memory beside a CUDA
+model, or in files (``offload_param``).  Each gather takes its input from ``store.fetch(unit)``, and the
+unit after the prefetched ones is read ahead, so a store in files is read while earlier units compute.
+
 [Note: release frees the storage, not the tensors]
 Parameters are views of their unit's full buffer.  Releasing resizes the buffer's storage to zero
 bytes and gathering resizes it back before the all_gather writes it, so views saved by autograd
@@ -49,6 +53,7 @@ from .. import comm as dist
 from .config import ZeroConfig
 from .errors import ZeroStateError
 from .gradients import release_storage, tensor_bytes
+from .offload_param import build_param_store
 from .partition import BucketLayout, layout_groups, slot_views
 from .units import plan_units
 
@@ -80,16 +85,17 @@ class ShardedParameters:
         self.rank, self.world_size = rank, dist.get_world_size(group)
         self.group, self.algorithm, self.config = group, config.algorithm, config
         self.dtype = dtype
-        device = full32.device
-        self.flat_shard = torch.empty(sum(l.chunk_numel for l in layouts), dtype=dtype, device=device)
+        self.device = device = full32.device
+        self.store = build_param_store(config, self.layouts, dtype=dtype, device=device, rank=rank)
+        """Where this rank's shard lives (offload_param.py)."""
         self.full: list[torch.Tensor] = []
         self._state: list[UnitState] = []
-        self._gathers: dict[int, tuple] = {}  # unit -> (Work, staging buffer or None)
+        self._gathers: dict[int, tuple] = {}  # unit -> (Work, staging buffer or None, the gather's input)
         self._staged = self._collectives_pin_storage(device)
         with torch.no_grad():
-            for layout in self.layouts:
+            for u, layout in enumerate(self.layouts):
                 clo, chi = layout.chunk_bounds(rank)
-                self.shard(layout).copy_(full32[layout.offset + clo:layout.offset + chi])
+                self.store.write(u, full32[layout.offset + clo:layout.offset + chi], 0)
                 full = full32[layout.offset:layout.offset + layout.padded_numel].to(dtype, copy=True)
                 for slot, view in zip(layout.slots, slot_views(full, layout)):
                     self.params[slot.index].data = view
@@ -134,21 +140,31 @@ class ShardedParameters:
         return layout.chunk_bounds(self.rank)
 
     def shard(self, layout: BucketLayout) -> torch.Tensor:
-        return self.flat_shard[layout.shard_offset:layout.shard_offset + layout.chunk_numel]
+        """This rank's elements of ``layout``'s unit (offloaded to files: a mapping of its file)."""
+        return self.store.shard(layout.index)
 
     def owned_float32(self, full32: torch.Tensor, layout: BucketLayout) -> torch.Tensor:
         lo, hi = layout.chunk_bounds(self.rank)
         return full32[layout.offset + lo:layout.offset + hi]
 
     def nbytes(self) -> int:
-        return tensor_bytes(self.flat_shard) + sum(full.untyped_storage().nbytes() for full in self.full)
+        """Bytes in memory: the shard where it is in memory (device or host), and the gathered units."""
+        where = self.placement("host" if self.device.type == "cpu" else "device")
+        return where["device"] + where["host"]
+
+    def placement(self, where: str) -> dict:
+        """{"device", "host", "disk"} bytes of the shard and the gathered units (``where``: the name of the
+        parameters' device, "host" for CPU models)."""
+        out = self.store.placement(where)
+        out[where] += sum(full.untyped_storage().nbytes() for full in self.full)
+        return out
 
     # -- gather and release ------------------------------------------------------------------------
     def _check_path(self, unit: int, phase: str) -> None:
         """Debug mode: every rank must be at the same (unit, phase); raise naming both ranks if not."""
         if not self.config.debug or self.world_size == 1:
             return
-        device = self.flat_shard.device  # NCCL moves CUDA tensors only
+        device = self.device  # NCCL moves CUDA tensors only
         mine = torch.tensor([unit, _PHASES[phase]], dtype=torch.int64, device=device)
         everyone = torch.empty(2 * self.world_size, dtype=torch.int64, device=device)
         dist.all_gather_into_tensor(everyone, mine, group=self.group, algorithm=self.algorithm)
@@ -173,9 +189,10 @@ class ShardedParameters:
         target = torch.empty_like(full) if self._staged else full
         if not self._staged and full.untyped_storage().nbytes() == 0:
             full.untyped_storage().resize_(full.numel() * full.element_size())
-        work = dist.all_gather_into_tensor(target, self.shard(layout), group=self.group, async_op=True,
+        source = self.store.fetch(u)
+        work = dist.all_gather_into_tensor(target, source, group=self.group, async_op=True,
                                            algorithm=self.algorithm)
-        self._gathers[u] = (work, target if self._staged else None)
+        self._gathers[u] = (work, target if self._staged else None, source)
         self._state[u] = UnitState.GATHERING
         if not self.units[u].persistent:
             self.live_numel += layout.padded_numel
@@ -184,7 +201,7 @@ class ShardedParameters:
     def _finish_gather(self, u: int) -> None:
         if self._state[u] is not UnitState.GATHERING:
             return
-        work, staging = self._gathers.pop(u)
+        work, staging, _ = self._gathers.pop(u)  # the input (a fetched copy, for offloaded shards) is dropped
         work.wait()
         if staging is not None:
             full = self.full[u]
@@ -228,6 +245,8 @@ class ShardedParameters:
             budget -= self.layouts[u].padded_numel
             depth -= 1
             position += direction
+        if 0 <= position < len(self._order) and self._state[self._order[position]] is UnitState.RELEASED:
+            self.store.read_ahead(self._order[position])  # offloaded shards: read while the units before compute
 
     # -- hooks ------------------------------------------------------------------------------------
     def install(self, model: nn.Module) -> list:
@@ -294,6 +313,7 @@ class ShardedParameters:
             self._release(u)
 
     def after_step(self) -> None:
+        self.store.invalidate()  # the step changed the shards: reads started before it are stale
         for u, plan in enumerate(self.units):
             if plan.persistent:
                 self._state[u] = UnitState.RELEASED  # its storage stays allocated; the gather refreshes it
@@ -331,7 +351,8 @@ class ShardedParameters:
                 values = self.full[u].clone() if self._staged else self.full[u]
                 dist.broadcast(values, group=self.group, group_src=modifier_rank, algorithm=self.algorithm)
                 clo, chi = layout.chunk_bounds(self.rank)
-                self.shard(layout).copy_(values[clo:chi])
+                self.store.write(u, values[clo:chi], 0)
+        self.store.invalidate()
 
 
 def _tensors(output) -> list:

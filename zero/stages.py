@@ -27,6 +27,8 @@ stage         gradients             reduction              parameters           
   masters and the optimizer's state on the parameters' device, ``HOST`` in host memory (the step runs
   on the CPU), ``DISK`` in files.  Any stage may take any of them: ``ZeroConfig.offload_optimizer``
   replaces the last column of the table.
+* where stage 3's parameter shard lives (offload_param.py) is not a column: ``ZeroConfig.offload_param``
+  picks the store ``SHARDED`` keeps its shard in (beside the model, in host memory, or in files).
 """
 from __future__ import annotations
 

@@ -215,6 +215,46 @@ def offload(device) -> list:
     return failures
 
 
+def param_offload(device) -> list:
+    """Stage 3 with offload_param "cpu": parameter shards in pinned host memory, copied to the device for each
+    gather, against stage 3 on the device (the fp32 / bf16 bounds); the pairs zerocomm refuses say why."""
+    from zerocomm.zero import ZeroConfigError
+    failures = []
+    for precision in ("fp32", "bf16"):
+        where = f"param offload {precision}"
+        try:
+            plain, _, plain_optimizer = zero_losses(device, 3, precision, 0.0)
+            plain_optimizer.remove_hooks()
+            losses, _, optimizer = zero_losses(device, 3, precision, 0.0, offload_param="cpu",
+                                               offload_optimizer="cpu")
+        except Exception:  # noqa: BLE001 - reported as a failure string
+            failures.append(f"{where}: {traceback.format_exc()}")
+            continue
+        bound = FP32_REL if precision == "fp32" else MIXED_REL
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, plain))
+        if not worst <= bound:
+            failures.append(f"{where}: losses {losses} differ from no offload {plain} by {worst:.2e}")
+        store = optimizer.parameters.store
+        if type(store).__name__ != "HostShards" or store.flat.device.type != "cpu" or not store.flat.is_pinned():
+            failures.append(f"{where}: store {type(store).__name__} on {store.flat.device}")
+        if store.to_device_bytes < 2 * STEPS * store.flat.numel() * store.flat.element_size() // 2:
+            failures.append(f"{where}: only {store.to_device_bytes} bytes copied to the device for gathers")
+        report = optimizer.memory_report()["params"]
+        if report["host"] != store.flat.numel() * store.flat.element_size():
+            failures.append(f"{where}: memory report {report}")
+        optimizer.remove_hooks()
+    for fields, words in (({"offload_param": "cpu"}, "offload_optimizer 'cpu'"),
+                          ({"offload_param": "nvme", "offload_optimizer": "nvme", "nvme_path": tempfile.mkdtemp()},
+                           "offload_param 'cpu'")):
+        try:
+            zero_losses(device, 3, "fp32", 0.0, **fields)
+            failures.append(f"{fields} on a CUDA model was accepted")
+        except ZeroConfigError as error:
+            if words not in str(error):
+                failures.append(f"{fields}: the refusal does not name {words}: {error}")
+    return failures
+
+
 def objects(device) -> list:
     import zerocomm.comm as dist
     rank, n, failures = dist.get_rank(), dist.get_world_size(), []

@@ -30,10 +30,11 @@ def forced_host_state():
     """Within the block, ``offload_optimizer: cpu`` builds ``HostOptimizerState`` even for CPU parameters."""
     original = optimizer_module.build_optimizer_state
 
-    def build(placement, param_shards, full32, factory, rank, config):
+    def build(placement, param_shards, full32, factory, rank, config, **where):
         if placement is StatePlacement.HOST:
-            return HostOptimizerState(param_shards, full32, factory, rank, pin_memory=config.pin_memory)
-        return original(placement, param_shards, full32, factory, rank, config)
+            return HostOptimizerState(param_shards, full32, factory, rank, pin_memory=config.pin_memory,
+                                      device=where.get("device"))
+        return original(placement, param_shards, full32, factory, rank, config, **where)
 
     optimizer_module.build_optimizer_state = build
     try:
@@ -76,9 +77,9 @@ def host_data_movement(stage: int, steps: int = 3) -> dict:
     stamps = []
     ready = state.gradient_ready
 
-    def recording(index, grad):
+    def recording(index, grad, factor):
         stamps.append(time.perf_counter())
-        ready(index, grad)
+        ready(index, grad, factor)
 
     state.gradient_ready = recording
     before = (state.to_host_bytes, state.to_device_bytes)
@@ -128,8 +129,9 @@ def nvme_files_and_memory(folder: str, precision: str, steps: int = 3) -> dict:
     return out
 
 
-def _nvme(folder: str) -> dict:
-    return {"offload_optimizer": "nvme", "nvme_path": folder, "offload_buffer_numel": 600, "offload_buffer_count": 2}
+def _nvme(folder: str, params: bool = False) -> dict:
+    fields = {"offload_optimizer": "nvme", "nvme_path": folder, "offload_buffer_numel": 600, "offload_buffer_count": 2}
+    return {**fields, "offload_param": "nvme"} if params else fields
 
 
 def _fresh(stage: int, precision: str, fields: dict):
@@ -138,10 +140,11 @@ def _fresh(stage: int, precision: str, fields: dict):
     return initialize(build_model("lm", 0), adam, config)
 
 
-def nvme_checkpoint(folder: str, checkpoint: str, stage: int, precision: str) -> dict:
-    """Train 3 steps with NVMe offload, save, train 3 more (A); a fresh NVMe optimizer loads and trains the same
-    3 (B); a fresh optimizer without offload loads the same checkpoint and trains them too (C)."""
-    model, optimizer = _fresh(stage, precision, _nvme(folder))
+def nvme_checkpoint(folder: str, checkpoint: str, stage: int, precision: str, params: bool = False) -> dict:
+    """Train 3 steps with NVMe offload (``params``: stage 3's parameter shards in files too), save, train 3 more
+    (A); a fresh optimizer offloaded alike loads and trains the same 3 (B); a fresh optimizer without offload loads
+    the same checkpoint and trains them too (C)."""
+    model, optimizer = _fresh(stage, precision, _nvme(folder, params))
     for step in range(3):
         _global_step(model, optimizer, step)
     optimizer.save(checkpoint)
@@ -149,7 +152,7 @@ def nvme_checkpoint(folder: str, checkpoint: str, stage: int, precision: str) ->
     params_a = _params(model, optimizer)
     optimizer.remove_hooks()
     results = {}
-    for name, fields in (("nvme", _nvme(folder)), ("plain", {})):
+    for name, fields in (("nvme", _nvme(folder, params)), ("plain", {})):
         model, optimizer = _fresh(stage, precision, fields)
         optimizer.load(checkpoint)
         losses = [_global_step(model, optimizer, step) for step in range(3, 6)]
@@ -183,7 +186,8 @@ def deepspeed_config_training(config: dict, folder: str, steps: int = 2) -> dict
     config_seen = optimizer.config
     return {"losses": losses, "steps": optimizer.step_count + optimizer.skipped_steps, "stage": config_seen.stage,
             "precision": config_seen.precision, "accum": accum, "offload": config_seen.offload_optimizer,
-            "state": type(optimizer.optimizer_state).__name__}
+            "state": type(optimizer.optimizer_state).__name__, "offload_param": config_seen.offload_param,
+            "param_store": type(getattr(optimizer.parameters, "store", None)).__name__}
 
 
 def _with_nvme_path(config, folder: str):

@@ -1,5 +1,6 @@
 """ZeRO on CUDA tensors over NCCL: stages 0-3 x fp32/bf16/fp16 x clipping on/off against a data-parallel
-reference, checkpoint save/load, optimizer offload to the host (ZeRO-Offload), and the object collectives.
+reference, checkpoint save/load, optimizer offload to the host (ZeRO-Offload), stage 3's parameter shards in
+host memory (offload_param "cpu"), and the object collectives.
 
 World size 1 on one GPU, and world size = the number of GPUs when there are at least 2; ranks are started
 with spawn (CUDA cannot be forked).  Without a CUDA device the module skips at collection, decided
@@ -21,7 +22,7 @@ if GPUS < 1:
 
 from support import zero_cuda_checks  # noqa: E402
 
-CHECKS = ("training", "checkpoint", "offload", "objects")
+CHECKS = ("training", "checkpoint", "offload", "param_offload", "objects")
 
 
 def _spawn(n: int, checks: tuple) -> dict:

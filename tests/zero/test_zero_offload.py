@@ -60,15 +60,20 @@ def test_nvme_state_lives_in_files_and_memory_holds_only_the_slots(world, tmp_pa
     for rank, seen in enumerate(world.run(zero_offload_checks.nvme_files_and_memory, str(tmp_path), precision)):
         buckets, shard = len(seen["shards"]), sum(seen["shards"])
         per_bucket = ["exp_avg", "exp_avg_sq"] + (["master"] if precision == "bf16" else [])
+        files = len(per_bucket) + 1  # and the streamed gradient shard
         assert seen["elementwise"] == ["exp_avg", "exp_avg_sq"]
-        assert len(seen["files"]) == buckets * len(per_bucket), seen["files"]
-        assert sum(seen["sizes"].values()) == 4 * shard * len(per_bucket)
-        assert seen["read"] == seen["written"] == 4 * shard * len(per_bucket), (rank, seen)
-        slots = 3 * len(per_bucket) * 500 * 4  # offload_buffer_count x files x offload_buffer_numel x 4 bytes
-        assert seen["slot_rows"] == [len(per_bucket)] * 3
+        assert len(seen["files"]) == buckets * files, seen["files"]
+        assert sum(seen["sizes"].values()) == 4 * shard * files
+        # per step: the gradient written once during backward and read once; the state read and written once
+        assert seen["read"] == seen["written"] == 4 * shard * files, (rank, seen)
+        slots = 3 * files * 500 * 4  # offload_buffer_count x files x offload_buffer_numel x 4 bytes
+        assert seen["slot_rows"] == [files] * 3
         assert seen["state_bytes"]["optimizer_state"] == slots + 4 * buckets, (rank, seen)  # + Adam's step scalars
-        report = seen["report"]["optimizer_state"]
-        assert report == {"device": 0, "host": slots + 4 * buckets, "disk": 4 * shard * len(per_bucket)}, report
+        assert seen["state_bytes"]["grads"] == 0, (rank, seen)  # no gradient shard in memory after the step
+        report = seen["report"]
+        assert report["optimizer_state"] == {"device": 0, "host": slots + 4 * buckets,
+                                             "disk": 4 * shard * len(per_bucket)}, report
+        assert report["grads"] == {"device": 0, "host": 0, "disk": 4 * shard}, report
         assert seen["removed"], "the state folder outlived its optimizer"
 
 
@@ -103,7 +108,7 @@ def test_memory_report_follows_the_offload_formulas(world, tmp_path):
             elif kind == "cpu":
                 want = {"device": 0, "host": 16 * owned + steps, "disk": 0}
             else:
-                files = 2 if precision == "fp32" else 3
+                files = (2 if precision == "fp32" else 3) + 1  # + the gradient
                 want = {"device": 0, "host": report["host"], "disk": state * owned}
                 # in memory: Adam's step scalars and at most offload_buffer_count (2) slots of 700 elements per file
                 assert steps < report["host"] <= steps + 2 * files * 700 * 4, (rank, stage, report)
