@@ -320,7 +320,7 @@ class Group(ProcessGroupMethods):
             self._worker.join(timeout=min(self.timeout.total_seconds(), 10.0))
         self.short.clear()
         communicator, self.communicator = self.communicator, None
-        communicator.close()
+        communicator.close(abandon=self.failure is not None)
 
 
 class _NonMember:

@@ -187,7 +187,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         try:
             topology.hosts(communicator, tag=USER_TAG_LIMIT, deadline=start + timeout.total_seconds())
         except (TimeoutError, PeerFailure) as error:  # a rank that left between connecting and this exchange
-            communicator.close()
+            communicator.close(abandon=True)
             raise _init_failure(error, backend, communicator.rank, timeout, time.monotonic() - start) from None
     WORLD.default = Group(list(range(communicator.size)), communicator.rank, communicator, timeout, backend, "world")
     WORLD.groups["world"] = WORLD.default

@@ -152,5 +152,9 @@ class Backend(Transport):
         """
         raise NotImplementedError(f"{self.name} backend cannot split")
 
-    def close(self) -> None:
-        """Release the communicator's resources."""
+    def close(self, abandon: bool = False) -> None:
+        """Release the communicator's resources.
+
+        ``abandon``: the group failed (a timeout or a lost peer), so a peer may be unreachable.  A backend
+        whose teardown would wait for such a peer must not block: it gives its handles up unreleased.
+        """

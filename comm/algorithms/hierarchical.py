@@ -96,13 +96,13 @@ class _Layout:
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="zerocomm-hierarchical")
         return self._helper
 
-    def close(self, t: Transport) -> None:
+    def close(self, t: Transport, abandon: bool = False) -> None:
         if self._helper is not None:
             self._helper.shutdown(wait=False, cancel_futures=True)
             self._helper = None
         for comm in self.comms.values():
             if comm is not None and comm is not t:
-                comm.close()
+                comm.close(abandon)
         self.comms.clear()
 
     def one_host(self) -> bool:
@@ -147,11 +147,11 @@ def _comms(t: Transport, lay: _Layout, wanted: Sequence[Sequence[int]]) -> list[
     return out
 
 
-def release(t: Transport) -> None:
+def release(t: Transport, abandon: bool = False) -> None:
     """Close the sub-communicators hierarchical made over ``t`` (its backend's ``close`` calls this)."""
     lay = t.__dict__.pop(_ATTR, None)
     if lay is not None:
-        lay.close(t)
+        lay.close(t, abandon)
 
 
 def _intra(collective: str, fallback: Callable[..., None]) -> Callable[..., None]:

@@ -10,6 +10,7 @@ lacks are composed here and the table says how.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
 import math
 import time
@@ -151,10 +152,16 @@ class GlooBackend(Backend):
         store = td.PrefixStore(f"zerocomm/{key}/", self.store)
         return GlooBackend(store, list(ranks).index(self.rank), len(ranks), self.timeout)
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
         release_shared_memory(self)
-        release_sub_communicators(self)
-        self.pg = None
+        release_sub_communicators(self, abandon)
+        pg, self.pg = self.pg, None
+        if abandon and pg is not None:
+            # ProcessGroupGloo's destructor waits for its connections to drain, and a peer whose link went
+            # down (no reset, no close) never lets them: dropping the last reference would block this
+            # process for good, holding the GIL.  A failed group's handle is given up instead: one leaked
+            # reference, so the destructor never runs; the process still exits.
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
 
     # -- what gloo supports -----------------------------------------------------------
     @classmethod

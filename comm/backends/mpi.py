@@ -383,11 +383,11 @@ class MpiBackend(Backend):
             return None
         return MpiBackend(comm)
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
         """Settle the requests left behind (see the note), then free the communicators and user ops."""
         self.settle_orphans()
         release_shared_memory(self)
-        release_sub_communicators(self)
+        release_sub_communicators(self, abandon)
         for comm in (self.p2p, self.comm):
             try:
                 comm.Free()  # legal with requests still posted: MPI frees it once they complete

@@ -112,7 +112,7 @@ class NcclBackend(Backend):
         return NcclBackend(td.PrefixStore(f"zerocomm/{key}/", self.store), list(ranks).index(self.rank),
                              len(ranks), self.timeout, self.device)
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
         for pg in (self.pg, self.p2p_pg):
             try:
                 pg.shutdown()
