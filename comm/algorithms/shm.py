@@ -29,18 +29,23 @@ barrier: one sync.
 """
 from __future__ import annotations
 
+import errno
 import math
+import os
 from typing import Optional, Sequence
 
 import torch
 
 from ...ops.reduce import KERNELS, KERNELS_OUT
 from .. import shm
-from ..transport import Transport
+from ..transport import PeerFailure, Transport
 from .ring import _offsets  # the ring's prefix sums of per-rank counts
 
 #: all_reduce / reduce of at most this many bytes: one round, one sync, every rank reduces everything.
 SMALL_BYTES = 16 << 10
+#: Scratch through which the direct schedule reads a peer's private memory (``process_vm_readv``) before
+#: combining it: small enough to stay in this core's cache between the read and the combine.
+BLOCK_BYTES = 256 << 10
 
 
 def _bounds(numel: int, parts: int) -> list[tuple[int, int]]:
@@ -72,7 +77,11 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
 # -- reductions ----------------------------------------------------------------------------------------
 
 def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, deadline, what: str) -> None:
-    """One round: copy in, sync, reduce every slot in rank order into ``tensor`` where ``out_ranks``."""
+    """One round: copy in, sync, reduce every slot in rank order into ``tensor`` where ``out_ranks``.
+
+    Two ranks combine the peer's slot into ``tensor`` in place: one kernel, and the same bits on both
+    ranks because every op is commutative (``a + b == b + a`` exactly, also for min/max/bitwise).
+    """
     k = a.round
     a.round += 1
     slots = a.slots(k, tensor.dtype, tensor.numel())
@@ -80,11 +89,15 @@ def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, 
     a.sync(deadline, what)
     if not out_ranks:
         return
-    KERNELS_OUT[op](slots[0], slots[1], out=tensor)
-    combine = KERNELS[op]
-    for p in range(2, a.n):
-        combine(tensor, slots[p])
-    _finalize(tensor, op, a.n)
+    if a.n == 2:
+        KERNELS[op](tensor, slots[1 - a.rank])
+    else:
+        KERNELS_OUT[op](slots[0], slots[1], out=tensor)
+        combine = KERNELS[op]
+        for p in range(2, a.n):
+            combine(tensor, slots[p])
+    if op == "avg":
+        tensor.div_(a.n)
 
 
 def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, copy_out: bool, zero_copy: bool,
@@ -164,6 +177,81 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
         a.sync(deadline, what)  # no rank returns (and lets its tensor change) while a peer still reads it
 
 
+def _read(a: shm.Arena, p: int, address: int, into: torch.Tensor, what: str) -> None:
+    """``into`` <- the bytes at ``address`` in rank ``p``'s process (its tensor, published for this call)."""
+    done = shm.read_peer(a.pid(p), address, into)
+    if done != into.numel() * into.element_size():
+        reason = "exited" if done == -errno.ESRCH else f"could not be read ({os.strerror(-done) if done < 0 else done})"
+        raise PeerFailure(f"{what}: rank {p} (pid {a.pid(p)}) {reason} while this rank read its tensor", peer=p)
+
+
+def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, deadline, segment_bytes: int,
+                   what: str) -> None:
+    """all_reduce reading every peer's own tensor: in place where it lies in a heap, else with
+    ``process_vm_readv`` (the arena agreed that every rank can).  No slot, no copy-in.
+
+    Each rank publishes its tensor's address; sync; then in pieces of ``segment_bytes``, pipelined
+    with one sync a round: rank ``r`` combines slice ``r`` of every peer's piece into its own tensor
+    (peers read through ``BLOCK_BYTES`` of scratch that stays in cache), and copies the other reduced
+    slices out of their owners' tensors.  A final sync keeps every tensor unchanged until no peer reads it.
+    """
+    n, r, dtype, es = a.n, a.rank, tensor.dtype, tensor.element_size()
+    numel = tensor.numel()
+    parity = a.begin()
+    heap, offset = shm.heap_slot(t, tensor)
+    a.publish(parity, 0, heap)
+    a.publish(parity, 1, offset)
+    a.publish(parity, 2, tensor.data_ptr())
+    a.sync(deadline, what)
+    peers = [p for p in range(n) if p != r]
+    views, addresses = {}, {}
+    for p in peers:
+        index = a.peer_word(parity, p, 0)
+        if index >= 0:
+            views[p] = shm.heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
+        else:
+            addresses[p] = a.peer_word(parity, p, 2)
+    scratch = a.scratch(dtype, max(1, BLOCK_BYTES // es)) if addresses else None
+    block = scratch.numel() if scratch is not None else numel
+    piece = max(n, segment_bytes // es)
+    rounds = -(-numel // piece)
+    combine = KERNELS[op]
+
+    def reduce(k: int) -> None:
+        lo = k * piece
+        s, e = _bounds(min(numel, lo + piece) - lo, n)[r]
+        for b0 in range(lo + s, lo + e, block):
+            b1 = min(lo + e, b0 + block)
+            mine = tensor[b0:b1]
+            for p in peers:
+                if p in views:
+                    combine(mine, views[p][b0:b1])
+                else:
+                    part = scratch[:b1 - b0]
+                    _read(a, p, addresses[p] + b0 * es, part, what)
+                    combine(mine, part)
+        if op == "avg" and e > s:
+            tensor[lo + s:lo + e].div_(n)
+
+    def copy_back(k: int) -> None:
+        lo = k * piece
+        parts = _bounds(min(numel, lo + piece) - lo, n)
+        for q in peers:
+            s, e = parts[q]
+            if e > s:
+                if q in views:
+                    tensor[lo + s:lo + e].copy_(views[q][lo + s:lo + e])
+                else:
+                    _read(a, q, addresses[q] + (lo + s) * es, tensor[lo + s:lo + e], what)
+
+    for phase in range(rounds + 1):
+        if phase >= 1:
+            copy_back(phase - 1)
+        if phase < rounds:
+            reduce(phase)
+        a.sync(deadline, what)
+
+
 def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, deadline: Optional[float],
                    segment_bytes: int) -> None:
     """Reduce the flat ``tensor`` across all ranks in place, through shared memory (every rank calls it).
@@ -180,6 +268,8 @@ def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, dea
     what = f"all_reduce (tag {tag})"
     if tensor.numel() * tensor.element_size() <= min(SMALL_BYTES, a.slot_bytes):
         _reduce_small(a, tensor, op, True, deadline, what)
+    elif a.cross_memory:
+        _reduce_direct(t, a, tensor, op, deadline, segment_bytes, what)
     else:
         _reduce_pipelined(t, a, tensor, op, True, True, deadline, segment_bytes, what)
 
