@@ -58,6 +58,7 @@ import threading
 import time
 from typing import NamedTuple, Optional, Sequence
 
+import numpy as np
 import torch
 
 from . import topology
@@ -81,6 +82,9 @@ SPIN_S = 50e-6
 SLEEP_SLICE_S = 0.02
 #: Read peers' private memory with ``process_vm_readv`` where every rank can (see the module notes).
 CROSS_MEMORY = True
+#: Most numpy views of small user tensors an arena keeps (``Arena.numpy_view``).
+_NUMPY_VIEWS = 16
+_MISSING = object()
 #: Bytes of a segment name as exchanged.
 _NAME_BYTES = 64
 
@@ -279,6 +283,7 @@ class Arena:
         #: Whether large all_reduce calls read peers' tensors with ``process_vm_readv`` (``agree`` sets it).
         self.cross_memory = False
         self._views: dict = {}
+        self._numpy: dict = {}
         self._pidfds: dict = {}
         self._fence = threading.Lock()
         self._namespace = _pid_namespace()
@@ -311,6 +316,34 @@ class Arena:
                 self._views.clear()
             views = self._views[key] = [self.slot(k, p, dtype)[:numel] for p in range(self.n)]
         return views
+
+    def slots_numpy(self, k: int, dtype: np.dtype, numel: int) -> list:
+        """``slots`` as numpy arrays (for the small path's ufuncs)."""
+        key = (k % 3, dtype, numel, "numpy")
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = [self.slot(k, p).numpy()[:numel * dtype.itemsize].view(dtype)
+                                        for p in range(self.n)]
+        return views
+
+    def numpy_view(self, tensor: torch.Tensor) -> Optional[np.ndarray]:
+        """A flat numpy array over the contiguous ``tensor``'s memory, or ``None`` for a dtype numpy lacks.
+
+        Cached by (address, bytes, dtype), which alone fix the memory the array covers, so a cached array
+        is right for any tensor with the same key.  The cache keeps up to ``_NUMPY_VIEWS`` small tensors'
+        memory alive; making a view costs more than the reduction of a few bytes.
+        """
+        key = (tensor.data_ptr(), tensor.nbytes, tensor.dtype)
+        made = self._numpy.get(key, _MISSING)
+        if made is _MISSING:
+            if len(self._numpy) >= _NUMPY_VIEWS:
+                self._numpy.clear()
+            try:
+                made = tensor.detach().view(-1).numpy()
+            except (TypeError, RuntimeError):  # bfloat16 and others numpy has no type for; conjugate views
+                made = None
+            self._numpy[key] = made
+        return made
 
     def scratch(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """This rank's private ``numel`` elements of ``dtype`` (cached: made once per dtype and size)."""
@@ -418,6 +451,7 @@ class Arena:
             os.close(fd)
         self._pidfds.clear()
         self._views.clear()
+        self._numpy.clear()
 
 
 def _home(t: Transport) -> Transport:
