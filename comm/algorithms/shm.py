@@ -11,8 +11,15 @@ once, when the arena is made (the segment's name).
 
 all_reduce (the schedule of DeepSpeed's CPU shm all_reduce, pipelined):
   * small (at most ``SMALL_BYTES``): every rank copies its input into its slot; one sync; every
-    rank reduces all slots, in rank order, straight into its tensor (identical bits everywhere).
-  * large, round ``k`` over piece ``k``: *copy-in* the slices peers will reduce (this rank's own
+    rank reduces all slots, in rank order, straight into its tensor (identical bits everywhere;
+    two ranks add the peer's slot in place, commutative ops give the same bits).  numpy ufuncs on
+    cached views where numpy has the dtype: a torch kernel's dispatch costs more than a few bytes.
+  * large, where every rank may read its peers' memory (``process_vm_readv``; the arena agrees on
+    it once): *direct* — each rank publishes its tensor's address; sync; round ``k``: rank ``r``
+    combines slice ``r`` of every peer's piece into its own tensor, then (after the round's sync)
+    copies the other reduced slices out of their owners' tensors.  No slot, no copy-in: the traffic
+    of the zero-copy schedule for ordinary tensors.
+  * large otherwise, round ``k`` over piece ``k``: *copy-in* the slices peers will reduce (this rank's own
     slice is read from its input where it lies); sync; *reduce*: rank ``r`` combines slice ``r``
     of every rank's piece into its slot (one pass: ``out = mine (op) first peer``, then in place);
     sync; *copy-out*: every rank copies the ``n`` reduced slices into its tensor.  Software-
