@@ -110,6 +110,7 @@ def test_large_all_reduce_both_schedules(monkeypatch, n, allowed):
     slice here: several blocks a piece) and the slot schedule, on uneven sizes and several pieces."""
     monkeypatch.setattr(shm, "CROSS_MEMORY", allowed)
     monkeypatch.setattr(shm_schedules, "BLOCK_BYTES", 1000)
+    monkeypatch.setattr(shm_schedules, "DIRECT_PIECE_BYTES", 1)  # the segment decides: several pieces
     for dtype, op in CELLS:
         for numel, segment in ((5003, 4096), (20_011, 1 << 20)):
             checks.check_all_reduce(fn("all_reduce"), n, numel, dtype, op, segment)
