@@ -415,16 +415,21 @@ class Arena:
 
     def agree(self, deadline: Optional[float]) -> None:
         """Decide, the same on every rank, whether large calls may read peers' private memory: each rank
-        reads a word of the next rank's process with ``process_vm_readv``; all must succeed.  Every rank
-        calls it once, right after making the arena (two syncs)."""
+        reads a word of every peer's process with ``process_vm_readv``; all reads on all ranks must
+        succeed.  Every rank calls it once, right after making the arena (two syncs)."""
         probe = torch.tensor([0x5A3C0FFEE], dtype=torch.int64)
         line = self.rank * (LINE // 8)
         self._i64[line + _PROBE] = probe.data_ptr()
         self.sync(deadline, "shm arena")
-        peer = (self.rank + 1) % self.n
         got = torch.zeros(1, dtype=torch.int64)
-        ok = (CROSS_MEMORY and _readv is not None and self._u32[peer * _WORDS + _PIDNS] == self._namespace
-              and read_peer(self.pid(peer), self._i64[peer * (LINE // 8) + _PROBE], got) == 8 and int(got) == int(probe))
+
+        def readable(p: int) -> bool:
+            got.zero_()
+            return (self._u32[p * _WORDS + _PIDNS] == self._namespace
+                    and read_peer(self.pid(p), self._i64[p * (LINE // 8) + _PROBE], got) == 8
+                    and int(got) == int(probe))
+
+        ok = CROSS_MEMORY and _readv is not None and all(readable(p) for p in self._peers)
         self._i64[line + _READABLE] = int(ok)
         self.sync(deadline, "shm arena")  # after it no peer reads `probe` any more, and every answer is in
         self.cross_memory = all(self._i64[p * (LINE // 8) + _READABLE] == 1 for p in range(self.n))
