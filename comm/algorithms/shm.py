@@ -229,8 +229,8 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
     """all_reduce reading every peer's own tensor: in place where it lies in a heap, else with
     ``process_vm_readv`` (the arena agreed that every rank can).  No slot, no copy-in.
 
-    Each rank publishes its tensor's address; sync; then in pieces of ``segment_bytes``, pipelined
-    with one sync a round: rank ``r`` combines slice ``r`` of every peer's piece into its own tensor
+    Each rank publishes its tensor's address; sync; then in pieces of ``max(segment_bytes,
+    DIRECT_PIECE_BYTES)``, pipelined with one sync a round: rank ``r`` combines slice ``r`` of every peer's piece into its own tensor
     (peers read through ``BLOCK_BYTES`` of scratch that stays in cache), and copies the other reduced
     slices out of their owners' tensors.  A final sync keeps every tensor unchanged until no peer reads it.
     """
