@@ -82,7 +82,7 @@ SPIN_S = 50e-6
 SLEEP_SLICE_S = 0.02
 #: Read peers' private memory with ``process_vm_readv`` where every rank can (see the module notes).
 CROSS_MEMORY = True
-#: Most numpy views of small user tensors an arena keeps (``Arena.numpy_view``).
+#: Most numpy arrays over small user tensors' memory an arena keeps (``Arena.numpy_view``).
 _NUMPY_VIEWS = 16
 _MISSING = object()
 #: Bytes of a segment name as exchanged.
@@ -141,6 +141,19 @@ def read_peer(pid: int, address: int, into: torch.Tensor) -> int:
 def _futex_wake(address: int) -> None:
     if _FUTEX is not None:
         _syscall(_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+
+_NUMPY_DTYPES: dict = {}
+
+
+def _numpy_dtype(dtype: torch.dtype) -> Optional[np.dtype]:
+    """numpy's dtype for a torch dtype, or ``None`` where numpy has none (bfloat16, ...); cached."""
+    if dtype not in _NUMPY_DTYPES:
+        try:
+            _NUMPY_DTYPES[dtype] = torch.empty(0, dtype=dtype).numpy().dtype
+        except (TypeError, RuntimeError):
+            _NUMPY_DTYPES[dtype] = None
+    return _NUMPY_DTYPES[dtype]
 
 
 def _pid_namespace() -> int:
@@ -329,19 +342,19 @@ class Arena:
     def numpy_view(self, tensor: torch.Tensor) -> Optional[np.ndarray]:
         """A flat numpy array over the contiguous ``tensor``'s memory, or ``None`` for a dtype numpy lacks.
 
-        Cached by (address, bytes, dtype), which alone fix the memory the array covers, so a cached array
-        is right for any tensor with the same key.  The cache keeps up to ``_NUMPY_VIEWS`` small tensors'
-        memory alive; making a view costs more than the reduction of a few bytes.
+        Cached by (address, bytes, dtype), which alone fix the memory the array covers: a cached array is
+        used only while some tensor with that key is at hand, so it always covers that tensor's memory.
+        Made from the address, not with ``Tensor.numpy()``, which would keep the tensor alive and forbid
+        resizing its storage.  Making an array costs more than the reduction of a few bytes.
         """
-        key = (tensor.data_ptr(), tensor.nbytes, tensor.dtype)
+        dtype = tensor.dtype
+        key = (tensor.data_ptr(), tensor.nbytes, dtype)
         made = self._numpy.get(key, _MISSING)
         if made is _MISSING:
             if len(self._numpy) >= _NUMPY_VIEWS:
                 self._numpy.clear()
-            try:
-                made = tensor.detach().view(-1).numpy()
-            except (TypeError, RuntimeError):  # bfloat16 and others numpy has no type for; conjugate views
-                made = None
+            kind = _numpy_dtype(dtype)
+            made = None if kind is None else np.frombuffer((ctypes.c_byte * key[1]).from_address(key[0]), kind)
             self._numpy[key] = made
         return made
 

@@ -118,7 +118,8 @@ def test_large_all_reduce_both_schedules(monkeypatch, n, allowed):
 
 def test_small_all_reduce_views_follow_the_memory():
     """The small path's cached numpy views are keyed by address, size and dtype: the same memory read as
-    another dtype, a tensor resized in place, and a fresh tensor each call all reduce correctly."""
+    another dtype, a tensor resized in place (its storage stays resizable), and a fresh tensor each call
+    all reduce correctly."""
     def body(t):
         deadline = time.monotonic() + 20
         out = []
