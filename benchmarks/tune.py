@@ -22,7 +22,9 @@ call; the largest measured world size is extended to any larger one.
 
 ``--add shm`` measures a new algorithm's cells without re-deciding the others: each (collective,
 world size, size) keeps the algorithm the existing table picks unless an added algorithm takes at
-most ``MARGIN`` of that pick's time, measured side by side in the same run.  ``--rows PATH`` keeps
+most ``MARGIN`` of that pick's time, measured side by side in the same run.  The result goes to the
+backend's ``"<backend>+one_host"`` section (read only by groups whose ranks share a host, as shm
+needs); the plain section, which groups across hosts fall back on, stays as it was.  ``--rows PATH`` keeps
 every measured row (for plots: ``zerocomm-bench tune --rows`` then ``benchmarks/busbw_plot.py``).
 """
 from __future__ import annotations
@@ -201,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
                 per_world[world] = winners(rows, keep, tuple(args.add))
             else:
                 per_world[world] = winners(rows)
-        table[backend] = table_rows(per_world)
+        table[f"{backend}+one_host" if args.add else backend] = table_rows(per_world)
     if args.rows:
         with open(args.rows, "w") as handle:
             json.dump(measured, handle, indent=1)

@@ -198,15 +198,17 @@ def test_selection_offers_shm_only_on_one_host():
 
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_auto_picks_shm_on_one_host_where_the_table_says_it_wins(backend):
-    """Every row of the committed table that names shm is what "auto" picks on one host for a call at
-    that row's upper size, and never across hosts or while the hosts are unknown."""
-    from zerocomm.comm.backends import BACKENDS
+    """Every shm row of the committed table's "+one_host" section is what "auto" picks on one host for a
+    call at that row's upper size; across hosts, or while the hosts are unknown, "auto" reads rows
+    that never name shm (the plain section has none)."""
+    from zerocomm.comm.backends import backend_class
     from zerocomm.comm.select import UNBOUNDED, auto_table
 
-    cls = BACKENDS[backend]
-    cells = auto_table()[backend]
-    largest = max(world for rows in cells.values() for world, _, _ in rows if world < UNBOUNDED)
-    shm_rows = [(collective, world, max_bytes) for collective, rows in cells.items()
+    cls = backend_class(backend)
+    local = auto_table()[f"{backend}+one_host"]
+    assert all(algorithm != "shm" for rows in auto_table()[backend].values() for _, _, algorithm in rows)
+    largest = max(world for rows in local.values() for world, _, _ in rows if world < UNBOUNDED)
+    shm_rows = [(collective, world, max_bytes) for collective, rows in local.items()
                 for world, max_bytes, algorithm in rows if algorithm == "shm"]
     assert any(collective == "all_reduce" for collective, _, _ in shm_rows), f"no shm all_reduce row for {backend}"
 
