@@ -123,7 +123,8 @@ def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[s
          one_host: Optional[bool] = None) -> Rule:
     """The cached selection rule of one cell (``backend`` is the backend class, ``size`` the group's,
     ``one_host`` whether its ranks share a host, ``None`` if not known: "auto" then never picks "shm",
-    and takes the table's ``<backend>+hosts`` rows only when it is ``False``)."""
+    reads the table's ``<backend>+one_host`` rows only when it is ``True`` and ``<backend>+hosts`` only
+    when it is ``False``)."""
     if choice != "auto":
         return Rule(choice, None, refusal(collective, backend, dtype, op, choice, one_host))
 
