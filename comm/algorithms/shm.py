@@ -109,7 +109,7 @@ def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, 
     mine = a.numpy_view(tensor)
     if mine is not None:
         slots = a.slots_numpy(k, mine.dtype, mine.size)
-        np.copyto(slots[a.rank], mine)
+        slots[a.rank][:] = mine  # slice assignment: no Python frame (np.copyto has one)
         a.sync(deadline, what)
         if not out_ranks:
             return
