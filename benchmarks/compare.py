@@ -129,7 +129,8 @@ def plot(rows: List[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"native": "tab:blue", "ring": "tab:orange", "tree": "tab:green", "recursive_doubling": "tab:red"}
+    colors = {"native": "tab:blue", "ring": "tab:orange", "tree": "tab:green", "recursive_doubling": "tab:red",
+              "shm": "tab:purple", "hierarchical": "tab:brown"}
     backends = sorted({r["backend"] for r in rows})
     styles = dict(zip(backends, [("-", "o"), ("--", "s"), (":", "^")]))
     panels = sorted({(r["collective"], r["world_size"]) for r in rows})

@@ -19,6 +19,13 @@ installed table.  To change what ``algorithm="auto"`` picks, commit the file as
 
 ``select.py`` takes the first row whose ``max_world_size`` and ``max_bytes`` cover the
 call; the largest measured world size is extended to any larger one.
+
+``--add shm`` measures a new algorithm's cells without re-deciding the others: each (collective,
+world size, size) keeps the algorithm the existing table picks unless an added algorithm takes at
+most ``MARGIN`` of that pick's time, measured side by side in the same run.  The result goes to the
+backend's ``"<backend>+one_host"`` section (read only by groups whose ranks share a host, as shm
+needs); the plain section, which groups across hosts fall back on, stays as it was.  ``--rows PATH`` keeps
+every measured row (for plots: ``zerocomm-bench tune --rows`` then ``benchmarks/busbw_plot.py``).
 """
 from __future__ import annotations
 
@@ -41,20 +48,25 @@ DEFAULT_OUT = "auto_table.json"
 PACKAGE_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "comm", "auto_table.json")
 
 
-def measure(backend: str, nprocs: int, sizes: str, factor: int, iters: int) -> List[dict]:
+def measure(backend: str, nprocs: int, sizes: str, factor: int, iters: int,
+            algorithms=ALGORITHMS) -> List[dict]:
     """Rows of one benchmark run (every collective, every algorithm)."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "rows.json")
         command = [sys.executable, "-m", "zerocomm.benchmarks", "collectives", "--backend", backend,
-                   "--nprocs", str(nprocs), "--algorithms", ",".join(ALGORITHMS), "--sizes", sizes,
+                   "--nprocs", str(nprocs), "--algorithms", ",".join(algorithms), "--sizes", sizes,
                    "--factor", str(factor), "--iters", str(iters), "--json", path, "--no-progress"]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         with open(path) as handle:
             return json.load(handle)["rows"]
 
 
-def winners(rows: List[dict]) -> Dict[str, List[tuple]]:
-    """``{collective: [(size, algorithm), ...]}``, sizes ascending, by the margin rule."""
+def winners(rows: List[dict], incumbent=None, added=()) -> Dict[str, List[tuple]]:
+    """``{collective: [(size, algorithm), ...]}``, sizes ascending, by the margin rule.
+
+    ``incumbent(collective, size)``: the algorithm to keep unless one of ``added`` beats it by the margin
+    (``--add``); without it the baseline is native and any measured algorithm may beat it.
+    """
     by_cell: Dict[tuple, Dict[str, float]] = {}
     for row in rows:
         if row.get("time_us") is None:
@@ -62,12 +74,27 @@ def winners(rows: List[dict]) -> Dict[str, List[tuple]]:
         by_cell.setdefault((row["collective"], row["size"]), {})[row["algorithm"]] = row["time_us"]
     out: Dict[str, List[tuple]] = {}
     for (collective, size), times in sorted(by_cell.items()):
-        best = "native" if "native" in times else min(times, key=times.get)
-        fastest = min(times, key=times.get)
-        if best == "native" and fastest != "native" and times[fastest] <= MARGIN * times["native"]:
+        if incumbent is None:
+            best = "native" if "native" in times else min(times, key=times.get)
+            contenders = times
+        else:
+            best = incumbent(collective, size)
+            contenders = {a: t for a, t in times.items() if a in added}
+            if best not in times:  # the table's pick was not measured (cannot happen with --add's algorithms)
+                best = min(times, key=times.get)
+        fastest = min(contenders, key=contenders.get, default=best)
+        if best != fastest and times[fastest] <= MARGIN * times[best]:
             best = fastest
         out.setdefault(collective, []).append((size, best))
     return {collective: _smooth(sized) for collective, sized in out.items()}
+
+
+def table_pick(table: dict, backend: str, collective: str, world: int, size: int) -> str:
+    """The algorithm ``table``'s rows give a call (as ``select.rule`` reads them; "native" past them)."""
+    for max_world, max_bytes, algorithm in table.get(backend, {}).get(collective, []):
+        if world <= max_world and size <= max_bytes:
+            return algorithm
+    return "native"
 
 
 def _smooth(sized: List[tuple]) -> List[tuple]:
@@ -99,6 +126,17 @@ def table_rows(per_world: Dict[int, Dict[str, List[tuple]]]) -> Dict[str, List[l
     return table
 
 
+def plot_rows(measured: Dict[str, Dict[int, list]], path: str,
+              algorithms=("native", "ring", "shm"), collective: str = "all_reduce") -> None:
+    """busbw against size of ``collective`` for ``algorithms``, one panel per world size, one line per
+    backend and algorithm (``compare.plot``'s figure), from ``{backend: {world: rows}}``."""
+    from .compare import plot
+    rows = [dict(row, backend=backend, world_size=world) for backend, worlds in measured.items()
+            for world, world_rows in worlds.items() for row in world_rows
+            if row["collective"] == collective and row["algorithm"] in algorithms]
+    plot(rows, path)
+
+
 HELP = "measure every algorithm and write the table algorithm='auto' reads"
 
 
@@ -112,6 +150,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="8B:16MiB", help="S values, as collectives' --sizes (default: 8B:16MiB)")
     parser.add_argument("--factor", type=step_factor, default=8, help="step factor of size ranges (default: 8)")
     parser.add_argument("--iters", type=positive_int, default=10, help="timed calls per cell (default: 10)")
+    parser.add_argument("--add", type=list_of(str, "algorithm"), default=None, metavar="ALG[,ALG...]",
+                        help="measure these algorithms beside the existing table's picks and take them only "
+                             "where they win (the other cells keep the table's choice)")
+    parser.add_argument("--rows", metavar="PATH", help="also write every measured row as JSON (for plots)")
+    parser.add_argument("--plot", metavar="PNG", help="draw the all_reduce busbw of native, ring and shm per backend "
+                                                      "and world size from the rows (needs zerocomm[bench]); with "
+                                                      "--plot-only, from an earlier run's --rows file")
+    parser.add_argument("--plot-only", action="store_true", help="measure nothing: plot --rows into --plot")
     parser.add_argument("--out", default=DEFAULT_OUT,
                         help=f"where to write the table (default: {DEFAULT_OUT} in the current folder)")
 
@@ -132,20 +178,42 @@ def run(args: argparse.Namespace) -> int:
         size_sweep(args.sizes, args.factor)
     except ValueError as exc:
         raise UsageError(f"--sizes {args.sizes!r}: {exc}") from None
+    if args.plot_only:
+        if not (args.rows and args.plot):
+            raise UsageError("--plot-only needs --rows (an earlier run's rows) and --plot")
+        with open(args.rows) as handle:
+            plot_rows({b: {int(w): r for w, r in worlds.items()} for b, worlds in json.load(handle).items()}, args.plot)
+        return 0
     table: Dict[str, object] = {}
     seed = args.out if os.path.exists(args.out) else PACKAGE_TABLE
     if os.path.exists(seed):  # keep the backends this run does not measure
         with open(seed) as handle:
             table = {k: v for k, v in json.load(handle).items() if k != "_measured"}
+    seeded = dict(table)
+    measured: Dict[str, Dict[int, list]] = {}
     for backend in args.backends:
         per_world = {}
         for world in args.world_sizes:
             print(f"# measuring {backend} at {world} ranks", file=sys.stderr, flush=True)
-            per_world[world] = winners(measure(backend, world, args.sizes, args.factor, args.iters))
-        table[backend] = table_rows(per_world)
+            rows = measure(backend, world, args.sizes, args.factor, args.iters)
+            measured.setdefault(backend, {})[world] = rows
+            if args.add:
+                def keep(collective, size, backend=backend, world=world):
+                    return table_pick(seeded, backend, collective, world, size)
+                per_world[world] = winners(rows, keep, tuple(args.add))
+            else:
+                per_world[world] = winners(rows)
+        table[f"{backend}+one_host" if args.add else backend] = table_rows(per_world)
+    if args.rows:
+        with open(args.rows, "w") as handle:
+            json.dump(measured, handle, indent=1)
+            handle.write("\n")
+    if args.plot:
+        plot_rows(measured, args.plot)
     table["_measured"] = {"by": "zerocomm-bench tune", "host": platform.node(), "machine": platform.machine(),
                           "cpus": os.cpu_count(), "sizes": args.sizes, "factor": args.factor, "iters": args.iters,
-                          "margin": MARGIN, "date": datetime.date.today().isoformat()}
+                          "margin": MARGIN, "date": datetime.date.today().isoformat(),
+                          "added": args.add or [], "load": os.getloadavg()}
     with open(args.out, "w") as handle:
         json.dump(table, handle, indent=1)
         handle.write("\n")

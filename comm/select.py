@@ -10,8 +10,11 @@ any byte moves.  Every decision is logged at DEBUG level on the
 ``zerocomm.comm.select`` logger.
 
 A group whose ranks run on several hosts reads the backend's section ``"<backend>+hosts"``
-(measured across hosts, e.g. with ``zerocomm-bench cluster``) when the table has one; the
-group learns its hosts once, at its first "auto" call (``comm.topology``).
+(measured across hosts, e.g. with ``zerocomm-bench cluster``) when the table has one; a group
+whose ranks share one host reads ``"<backend>+one_host"`` (rows that may name "shm", written by
+``zerocomm-bench tune --add shm``) for the collectives it has.  The plain ``"<backend>"`` rows
+name only algorithms that run anywhere: they serve groups whose hosts are unknown, and every
+collective a section lacks.  The group learns its hosts at ``init_process_group`` (``comm.topology``).
 
 Everything here depends only on the cell (backend, group size, collective, dtype, op,
 requested algorithm, whether the group spans hosts), so :func:`rule` is computed once per cell and cached: a call
@@ -110,12 +113,18 @@ def host_section(backend) -> Optional[dict]:
     return auto_table().get(f"{backend.name}+hosts")
 
 
+def one_host_section(backend) -> Optional[dict]:
+    """The table's section for groups of ``backend`` whose ranks share one host, or ``None``."""
+    return auto_table().get(f"{backend.name}+one_host")
+
+
 @functools.lru_cache(maxsize=4096)
 def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[str], choice: str,
          one_host: Optional[bool] = None) -> Rule:
     """The cached selection rule of one cell (``backend`` is the backend class, ``size`` the group's,
     ``one_host`` whether its ranks share a host, ``None`` if not known: "auto" then never picks "shm",
-    and takes the table's ``<backend>+hosts`` rows only when it is ``False``)."""
+    reads the table's ``<backend>+one_host`` rows only when it is ``True`` and ``<backend>+hosts`` only
+    when it is ``False``)."""
     if choice != "auto":
         return Rule(choice, None, refusal(collective, backend, dtype, op, choice, one_host))
 
@@ -125,8 +134,13 @@ def rule(backend, size: int, collective: str, dtype: torch.dtype, op: Optional[s
         return refusal(collective, backend, dtype, op, algorithm, one_host) is None
 
     rows = []
-    # Across hosts: the section measured there, for the collectives it has; the one-host rows otherwise.
-    across = (host_section(backend) or {}) if one_host is False else {}
+    # Across hosts, or on one: that section, for the collectives it has; the plain rows otherwise.
+    if one_host is False:
+        across = host_section(backend) or {}
+    elif one_host:
+        across = one_host_section(backend) or {}
+    else:
+        across = {}
     table = across.get(collective) or auto_table().get(backend.name, {}).get(collective, [])
     for max_world, max_bytes, algorithm in table:
         if size <= max_world and serves(algorithm):

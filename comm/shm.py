@@ -8,6 +8,8 @@ and kept on the backend object (``t._zerocomm_shm``) until the backend's ``close
         u32 sleeping    1 while some rank may sleep on p's ``arrive``
         u32 pid, u32 pid namespace     for the liveness check of a waiting peer
         i64 x 4, twice  per-call words (``publish``/``peer_word``), by call parity
+        i64 probe       address of a private word, for the cross-memory check (``Arena.agree``)
+        i64 readable    1 if this rank could read a peer's private memory (``process_vm_readv``)
     3 buffers x n slots of ``slot_bytes``   round ``k`` of any collective uses buffer ``k % 3``
 
 [Note: steps and buffers]  Every rank calls the same collectives in the same order, so every
@@ -32,6 +34,13 @@ by rank 0 and the moment every rank has mapped it (rank 0 unlinks it then, and i
 on any failure).  A process killed inside that window leaves a file named
 ``zerocomm-<pid>-...``; the next arena or heap made on the host removes those whose creator
 process is gone.  Mappings end when the last tensor viewing them is freed.
+
+[Note: reading peers' private memory]  Where the kernel lets a process read another's memory
+(``process_vm_readv``, "cross-memory attach": same user, no Yama restriction, no seccomp filter
+against it), a large all_reduce reads each peer's own tensor directly instead of having it copied
+into a slot first: one pass over memory fewer, as for tensors from :func:`shared_empty`.  Whether
+every rank can is agreed once, when the arena is made (``Arena.agree``), so all ranks take the same
+schedule; ``CROSS_MEMORY = False`` turns it off.
 
 *Heaps* are segments for tensors that live in shared memory from the start
 (:func:`shared_empty`): all ranks of a group allocate one together, each gets its own region,
@@ -71,6 +80,11 @@ ALIGN = 64
 SPIN_S = 50e-6
 #: Longest single sleep: how often a waiter re-checks its deadline and the peer's liveness.
 SLEEP_SLICE_S = 0.02
+#: Read peers' private memory with ``process_vm_readv`` where every rank can (see the module notes).
+CROSS_MEMORY = True
+#: Most numpy arrays over small user tensors' memory an arena keeps (``Arena.numpy_view``).
+_NUMPY_VIEWS = 16
+_MISSING = object()
 #: Bytes of a segment name as exchanged.
 _NAME_BYTES = 64
 
@@ -79,6 +93,7 @@ _WORDS = LINE // 4  # u32 words per line
 _ARRIVE, _SLEEPING, _PID, _PIDNS = 0, 1, 2, 3
 _PER_CALL = 2  # i64 index within the line where the per-call words start (byte 16)
 PER_CALL_WORDS = 4
+_PROBE, _READABLE = _PER_CALL + 2 * PER_CALL_WORDS, _PER_CALL + 2 * PER_CALL_WORDS + 1  # i64 indices
 
 _FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -101,9 +116,44 @@ def _futex_wait(address: int, expected: int, seconds: float) -> None:
     _syscall(_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint32(expected), ctypes.byref(spec), None, 0)
 
 
+class _IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_readv = getattr(_libc, "process_vm_readv", None)
+if _readv is not None:
+    _readv.restype = ctypes.c_ssize_t
+    _readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.POINTER(_IOVec), ctypes.c_ulong,
+                       ctypes.c_ulong]
+
+
+def read_peer(pid: int, address: int, into: torch.Tensor) -> int:
+    """Copy ``into.nbytes`` bytes at ``address`` in process ``pid`` into the contiguous ``into``; returns
+    the bytes read, or ``-errno`` (ESRCH: the process is gone; EPERM/ENOSYS: not allowed here)."""
+    nbytes = into.numel() * into.element_size()
+    if nbytes == 0:
+        return 0
+    local, remote = _IOVec(into.data_ptr(), nbytes), _IOVec(address, nbytes)
+    done = _readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    return done if done >= 0 else -ctypes.get_errno()
+
+
 def _futex_wake(address: int) -> None:
     if _FUTEX is not None:
         _syscall(_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+
+_NUMPY_DTYPES: dict = {}
+
+
+def _numpy_dtype(dtype: torch.dtype) -> Optional[np.dtype]:
+    """numpy's dtype for a torch dtype, or ``None`` where numpy has none (bfloat16, ...); cached."""
+    if dtype not in _NUMPY_DTYPES:
+        try:
+            _NUMPY_DTYPES[dtype] = torch.empty(0, dtype=dtype).numpy().dtype
+        except (TypeError, RuntimeError):
+            _NUMPY_DTYPES[dtype] = None
+    return _NUMPY_DTYPES[dtype]
 
 
 def _pid_namespace() -> int:
@@ -235,17 +285,22 @@ class Arena:
         self.n, self.rank, self.slot_bytes = n, rank, slot_bytes
         self._mm = mm
         self.raw = torch.frombuffer(mm, dtype=torch.uint8)
-        self._u32 = np.frombuffer(mm, dtype=np.uint32, count=n * _WORDS)
-        self._i64 = np.frombuffer(mm, dtype=np.int64, count=n * LINE // 8)
+        # memoryview casts: a word read or written costs a fraction of a numpy scalar access
+        self._u32 = memoryview(mm)[:n * LINE].cast("I")
+        self._i64 = memoryview(mm)[:n * LINE].cast("q")
         self._base = self.raw.data_ptr()
         self._data = _aligned(n * LINE)
         self.step = 0
         self.round = 0
         self.calls = 0
+        #: Whether large all_reduce calls read peers' tensors with ``process_vm_readv`` (``agree`` sets it).
+        self.cross_memory = False
         self._views: dict = {}
+        self._numpy: dict = {}
         self._pidfds: dict = {}
         self._fence = threading.Lock()
         self._namespace = _pid_namespace()
+        self._peers = tuple(p for p in range(n) if p != rank)
         me = rank * _WORDS
         self._u32[me + _PID] = os.getpid()
         self._u32[me + _PIDNS] = self._namespace
@@ -275,6 +330,42 @@ class Arena:
             views = self._views[key] = [self.slot(k, p, dtype)[:numel] for p in range(self.n)]
         return views
 
+    def slots_numpy(self, k: int, dtype: np.dtype, numel: int) -> list:
+        """``slots`` as numpy arrays (for the small path's ufuncs)."""
+        key = (k % 3, dtype, numel, "numpy")
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = [self.slot(k, p).numpy()[:numel * dtype.itemsize].view(dtype)
+                                        for p in range(self.n)]
+        return views
+
+    def numpy_view(self, tensor: torch.Tensor) -> Optional[np.ndarray]:
+        """A flat numpy array over the contiguous ``tensor``'s memory, or ``None`` for a dtype numpy lacks.
+
+        Cached by (address, bytes, dtype), which alone fix the memory the array covers: a cached array is
+        used only while some tensor with that key is at hand, so it always covers that tensor's memory.
+        Made from the address, not with ``Tensor.numpy()``, which would keep the tensor alive and forbid
+        resizing its storage.  Making an array costs more than the reduction of a few bytes.
+        """
+        dtype = tensor.dtype
+        key = (tensor.data_ptr(), tensor.nbytes, dtype)
+        made = self._numpy.get(key, _MISSING)
+        if made is _MISSING:
+            if len(self._numpy) >= _NUMPY_VIEWS:
+                self._numpy.clear()
+            kind = _numpy_dtype(dtype)
+            made = None if kind is None else np.frombuffer((ctypes.c_byte * key[1]).from_address(key[0]), kind)
+            self._numpy[key] = made
+        return made
+
+    def scratch(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """This rank's private ``numel`` elements of ``dtype`` (cached: made once per dtype and size)."""
+        key = ("scratch", dtype, numel)
+        made = self._views.get(key)
+        if made is None:
+            made = self._views[key] = torch.empty(numel, dtype=dtype)
+        return made
+
     # -- per-call words ---------------------------------------------------------------------------
     def begin(self) -> int:
         """Start a call: returns its parity (which set of per-call words it uses)."""
@@ -287,7 +378,7 @@ class Arena:
 
     def peer_word(self, parity: int, p: int, index: int) -> int:
         """Rank ``p``'s per-call word ``index`` (after the call's first sync, before its second)."""
-        return int(self._i64[p * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS + index])
+        return self._i64[p * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS + index]
 
     # -- steps ------------------------------------------------------------------------------------
     def sync(self, deadline: Optional[float], what: str) -> None:
@@ -295,18 +386,18 @@ class Arena:
         step = self.step = (self.step + 1) & _MASK
         u32 = self._u32
         me = self.rank * _WORDS
-        u32[me + _ARRIVE] = step
+        u32[me] = step  # _ARRIVE: the one store that tells every peer this rank got here
         with self._fence:  # a locked instruction: the store above is visible before `sleeping` is read
             pass
         if u32[me + _SLEEPING]:
             u32[me + _SLEEPING] = 0
-            _futex_wake(self._base + 4 * (me + _ARRIVE))
-        for p in range(self.n):
-            if p != self.rank and not self._reached(p, step):
+            _futex_wake(self._base + 4 * me)
+        for p in self._peers:
+            if (u32[p * _WORDS] - step) & _MASK >= 0x80000000:  # not reached yet
                 self._wait_for(p, step, deadline, what)
 
     def _reached(self, p: int, step: int) -> bool:
-        return ((int(self._u32[p * _WORDS + _ARRIVE]) - step) & _MASK) < 0x80000000
+        return ((self._u32[p * _WORDS + _ARRIVE] - step) & _MASK) < 0x80000000
 
     def _wait_for(self, p: int, step: int, deadline: Optional[float], what: str) -> None:
         until = time.perf_counter() + SPIN_S
@@ -320,7 +411,7 @@ class Arena:
         address = self._base + 4 * word
         while True:
             self._u32[p * _WORDS + _SLEEPING] = 1
-            seen = int(self._u32[word])
+            seen = self._u32[word]
             if ((seen - step) & _MASK) < 0x80000000:
                 return
             now = time.monotonic()
@@ -328,13 +419,38 @@ class Arena:
                 raise TimeoutError(f"{what}: shared-memory step {step} from rank {p}")
             _futex_wait(address, seen, SLEEP_SLICE_S if deadline is None else min(SLEEP_SLICE_S, deadline - now))
             if not self._reached(p, step) and not self._peer_alive(p):
-                raise PeerFailure(f"{what}: rank {p} (pid {int(self._u32[p * _WORDS + _PID])}) exited while this "
+                raise PeerFailure(f"{what}: rank {p} (pid {self.pid(p)}) exited while this "
                                   f"rank waited for its shared-memory step {step}", peer=p)
+
+    def pid(self, p: int) -> int:
+        """Rank ``p``'s process id (written by that rank when it mapped the arena)."""
+        return self._u32[p * _WORDS + _PID]
+
+    def agree(self, deadline: Optional[float]) -> None:
+        """Decide, the same on every rank, whether large calls may read peers' private memory: each rank
+        reads a word of every peer's process with ``process_vm_readv``; all reads on all ranks must
+        succeed.  Every rank calls it once, right after making the arena (two syncs)."""
+        probe = torch.tensor([0x5A3C0FFEE], dtype=torch.int64)
+        line = self.rank * (LINE // 8)
+        self._i64[line + _PROBE] = probe.data_ptr()
+        self.sync(deadline, "shm arena")
+        got = torch.zeros(1, dtype=torch.int64)
+
+        def readable(p: int) -> bool:
+            got.zero_()
+            return (self._u32[p * _WORDS + _PIDNS] == self._namespace
+                    and read_peer(self.pid(p), self._i64[p * (LINE // 8) + _PROBE], got) == 8
+                    and int(got) == int(probe))
+
+        ok = CROSS_MEMORY and _readv is not None and all(readable(p) for p in self._peers)
+        self._i64[line + _READABLE] = int(ok)
+        self.sync(deadline, "shm arena")  # after it no peer reads `probe` any more, and every answer is in
+        self.cross_memory = all(self._i64[p * (LINE // 8) + _READABLE] == 1 for p in range(self.n))
 
     def _peer_alive(self, p: int) -> bool:
         """False once rank ``p``'s process has exited (only checkable within one pid namespace)."""
-        pid = int(self._u32[p * _WORDS + _PID])
-        if pid == 0 or int(self._u32[p * _WORDS + _PIDNS]) != self._namespace or pid == os.getpid():
+        pid = self.pid(p)
+        if pid == 0 or self._u32[p * _WORDS + _PIDNS] != self._namespace or pid == os.getpid():
             return True
         fd = self._pidfds.get(pid)
         if fd is None:
@@ -353,6 +469,7 @@ class Arena:
             os.close(fd)
         self._pidfds.clear()
         self._views.clear()
+        self._numpy.clear()
 
 
 def _home(t: Transport) -> Transport:
@@ -372,6 +489,7 @@ def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
     check_one_host(t, tag=tag, deadline=deadline)
     mm = map_together(t, Arena.nbytes(t.size, SLOT_BYTES), tag=tag, deadline=deadline)
     made = Arena(mm, t.size, t.rank, SLOT_BYTES)
+    made.agree(deadline)
     _home(t)._zerocomm_shm = made
     return made
 

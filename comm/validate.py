@@ -298,7 +298,7 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
         if type(g) is not Group:
             return False
     rows = g.short.get((algorithm, tensor.dtype))
-    if rows is None or not tensor.is_contiguous() or not tensor.is_cpu or _logged(10):
+    if not rows or not tensor.is_contiguous() or not tensor.is_cpu or _logged(10):
         return False
     function = rows[0][1]
     if len(rows) > 1:
@@ -306,20 +306,24 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
         for max_numel, function in rows:
             if numel <= max_numel:
                 break
+    if function is None:
+        return False
     return g.run_short(function, tensor if tensor.dim() == 1 else tensor.view(-1), "sum")
 
 
 def _remember_short(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     """Let SUM all_reduce calls of ``dtype`` with ``algorithm=requested`` on ``g`` take the short path.
 
-    Only where the full path would do nothing more than run the algorithm: a CPU group, no mismatch
-    check (``ZEROCOMM_CHECK=0``), no debug fingerprint, no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
-    elements of ``dtype`` (one unbounded row for an explicit algorithm); ``Group.short`` is emptied
-    when the configuration changes.
+    Only where the full path would do nothing more than run the algorithm: a CPU group, no debug
+    fingerprint, no selection logging, a cell some algorithm serves, and no mismatch check
+    (``ZEROCOMM_CHECK=0``) unless the algorithm is "shm" (``Group.execute`` skips the check for it).
+    The rows are "auto"'s table in elements of ``dtype`` (one unbounded row for an explicit
+    algorithm); a row whose calls must take the full path has no function.  ``Group.short`` is
+    emptied when the configuration changes.
     """
     config = WORLD.config
-    if config.debug or config.check or not g.on_cpu or _selection_logged():
-        return  # the mismatch check runs in Group.execute, which the short path skips
+    if config.debug or not g.on_cpu or _selection_logged():
+        return  # not remembered: the full path runs every call's checks
     choice = config.algorithm if requested is None else requested
     rule = select.rule(g.backend_type, g.size(), "all_reduce", dtype, "sum", choice,
                        getattr(g.communicator, "_zerocomm_one_host", None))  # as choose_algorithm reads it
@@ -328,12 +332,16 @@ def _remember_short(g: Group, requested: Optional[str], dtype: torch.dtype) -> N
     native = g.backend_type.NATIVE
 
     def function(algorithm):
+        if config.check and algorithm != "shm":
+            return None  # the mismatch check runs in Group.execute, which the short path skips
         return native["all_reduce"] if algorithm == "native" else ALGORITHMS[("all_reduce", algorithm)]
 
     if rule.rows is None:
         rows = ((select.UNBOUNDED, function(rule.algorithm)),)
     else:
         rows = tuple((max_bytes // dtype.itemsize, function(algorithm)) for max_bytes, algorithm in rule.rows)
+    if all(fn is None for _, fn in rows):
+        rows = ()  # remembered as "never short", so the full path does not ask again
     g.short_segment_bytes = config.segment_bytes
     g.short[(requested, dtype)] = rows
 

@@ -11,8 +11,15 @@ once, when the arena is made (the segment's name).
 
 all_reduce (the schedule of DeepSpeed's CPU shm all_reduce, pipelined):
   * small (at most ``SMALL_BYTES``): every rank copies its input into its slot; one sync; every
-    rank reduces all slots, in rank order, straight into its tensor (identical bits everywhere).
-  * large, round ``k`` over piece ``k``: *copy-in* the slices peers will reduce (this rank's own
+    rank reduces all slots, in rank order, straight into its tensor (identical bits everywhere;
+    two ranks add the peer's slot in place, commutative ops give the same bits).  numpy ufuncs on
+    cached views where numpy has the dtype: a torch kernel's dispatch costs more than a few bytes.
+  * large, where every rank may read its peers' memory (``process_vm_readv``; the arena agrees on
+    it once): *direct* — each rank publishes its tensor's address; sync; round ``k``: rank ``r``
+    combines slice ``r`` of every peer's piece into its own tensor, then (after the round's sync)
+    copies the other reduced slices out of their owners' tensors.  No slot, no copy-in: the traffic
+    of the zero-copy schedule for ordinary tensors.
+  * large otherwise, round ``k`` over piece ``k``: *copy-in* the slices peers will reduce (this rank's own
     slice is read from its input where it lies); sync; *reduce*: rank ``r`` combines slice ``r``
     of every rank's piece into its slot (one pass: ``out = mine (op) first peer``, then in place);
     sync; *copy-out*: every rank copies the ``n`` reduced slices into its tensor.  Software-
@@ -29,18 +36,29 @@ barrier: one sync.
 """
 from __future__ import annotations
 
+import errno
 import math
+import os
+import warnings
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from ...ops.reduce import KERNELS, KERNELS_OUT
 from .. import shm
-from ..transport import Transport
+from ..transport import PeerFailure, Transport
 from .ring import _offsets  # the ring's prefix sums of per-rank counts
 
 #: all_reduce / reduce of at most this many bytes: one round, one sync, every rank reduces everything.
 SMALL_BYTES = 16 << 10
+#: Scratch through which the direct schedule reads a peer's private memory (``process_vm_readv``) before
+#: combining it: small enough to stay in cache between the read and the combine, large enough that the
+#: calls' overhead stays small (1 MiB measured best of 256 KiB-2 MiB at 16 MiB, 2 ranks on 2 cores).
+BLOCK_BYTES = 1 << 20
+#: Smallest piece of the direct schedule: it has no slots to fit, and every round costs a sync (a sleep
+#: and a wake when ranks share cores): 16 MiB measured faster than 4 MiB pieces at 16 MiB, 2 ranks.
+DIRECT_PIECE_BYTES = 16 << 20
 
 
 def _bounds(numel: int, parts: int) -> list[tuple[int, int]]:
@@ -71,20 +89,54 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 # -- reductions ----------------------------------------------------------------------------------------
 
+#: numpy's ufunc of each op: on a few bytes a ufunc costs a fraction of a torch kernel's dispatch.
+#: torch's kernels overflow to inf (or give nan) silently; numpy would warn, and `np.errstate` around
+#: each call costs more than the call.  So these warnings are ignored where this module causes them.
+warnings.filterwarnings("ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning, __name__)
+_UFUNCS = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum,
+           "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+
+
 def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, deadline, what: str) -> None:
-    """One round: copy in, sync, reduce every slot in rank order into ``tensor`` where ``out_ranks``."""
+    """One round: copy in, sync, reduce every slot in rank order into ``tensor`` where ``out_ranks``.
+
+    Two ranks combine the peer's slot into ``tensor`` in place: one kernel, and the same bits on both
+    ranks because every op is commutative (``a + b == b + a`` exactly, also for min/max/bitwise).
+    Dtypes numpy has run as numpy ufuncs on cached views (``Arena.numpy_view``), the rest as torch kernels.
+    """
     k = a.round
     a.round += 1
+    mine = a.numpy_view(tensor)
+    if mine is not None:
+        slots = a.slots_numpy(k, mine.dtype, mine.size)
+        slots[a.rank][:] = mine  # slice assignment: no Python frame (np.copyto has one)
+        a.sync(deadline, what)
+        if not out_ranks:
+            return
+        ufunc = _UFUNCS[op]
+        if a.n == 2:
+            ufunc(mine, slots[1 - a.rank], out=mine)
+        else:
+            ufunc(slots[0], slots[1], out=mine)
+            for p in range(2, a.n):
+                ufunc(mine, slots[p], out=mine)
+        if op == "avg":
+            np.divide(mine, a.n, out=mine)
+        return
     slots = a.slots(k, tensor.dtype, tensor.numel())
     slots[a.rank].copy_(tensor)
     a.sync(deadline, what)
     if not out_ranks:
         return
-    KERNELS_OUT[op](slots[0], slots[1], out=tensor)
-    combine = KERNELS[op]
-    for p in range(2, a.n):
-        combine(tensor, slots[p])
-    _finalize(tensor, op, a.n)
+    if a.n == 2:
+        KERNELS[op](tensor, slots[1 - a.rank])
+    else:
+        KERNELS_OUT[op](slots[0], slots[1], out=tensor)
+        combine = KERNELS[op]
+        for p in range(2, a.n):
+            combine(tensor, slots[p])
+    if op == "avg":
+        tensor.div_(a.n)
 
 
 def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, copy_out: bool, zero_copy: bool,
@@ -164,24 +216,106 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
         a.sync(deadline, what)  # no rank returns (and lets its tensor change) while a peer still reads it
 
 
+def _read(a: shm.Arena, p: int, address: int, into: torch.Tensor, what: str) -> None:
+    """``into`` <- the bytes at ``address`` in rank ``p``'s process (its tensor, published for this call)."""
+    done = shm.read_peer(a.pid(p), address, into)
+    if done != into.numel() * into.element_size():
+        reason = "exited" if done == -errno.ESRCH else f"could not be read ({os.strerror(-done) if done < 0 else done})"
+        raise PeerFailure(f"{what}: rank {p} (pid {a.pid(p)}) {reason} while this rank read its tensor", peer=p)
+
+
+def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, deadline, segment_bytes: int,
+                   what: str) -> None:
+    """all_reduce reading every peer's own tensor: in place where it lies in a heap, else with
+    ``process_vm_readv`` (the arena agreed that every rank can).  No slot, no copy-in.
+
+    Each rank publishes its tensor's address; sync; then in pieces of ``max(segment_bytes,
+    DIRECT_PIECE_BYTES)``, pipelined with one sync a round: rank ``r`` combines slice ``r`` of every peer's piece into its own tensor
+    (peers read through ``BLOCK_BYTES`` of scratch that stays in cache), and copies the other reduced
+    slices out of their owners' tensors.  A final sync keeps every tensor unchanged until no peer reads it.
+    """
+    n, r, dtype, es = a.n, a.rank, tensor.dtype, tensor.element_size()
+    numel = tensor.numel()
+    parity = a.begin()
+    heap, offset = shm.heap_slot(t, tensor)
+    a.publish(parity, 0, heap)
+    a.publish(parity, 1, offset)
+    a.publish(parity, 2, tensor.data_ptr())
+    a.sync(deadline, what)
+    peers = [p for p in range(n) if p != r]
+    views, addresses = {}, {}
+    for p in peers:
+        index = a.peer_word(parity, p, 0)
+        if index >= 0:
+            views[p] = shm.heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
+        else:
+            addresses[p] = a.peer_word(parity, p, 2)
+    scratch = a.scratch(dtype, max(1, BLOCK_BYTES // es)) if addresses else None
+    block = scratch.numel() if scratch is not None else numel
+    piece = max(n, max(segment_bytes, DIRECT_PIECE_BYTES) // es)
+    rounds = -(-numel // piece)
+    combine = KERNELS[op]
+
+    def reduce(k: int) -> None:
+        lo = k * piece
+        s, e = _bounds(min(numel, lo + piece) - lo, n)[r]
+        for b0 in range(lo + s, lo + e, block):
+            b1 = min(lo + e, b0 + block)
+            mine = tensor[b0:b1]
+            for p in peers:
+                if p in views:
+                    combine(mine, views[p][b0:b1])
+                else:
+                    part = scratch[:b1 - b0]
+                    _read(a, p, addresses[p] + b0 * es, part, what)
+                    combine(mine, part)
+        if op == "avg" and e > s:
+            tensor[lo + s:lo + e].div_(n)
+
+    def copy_back(k: int) -> None:
+        lo = k * piece
+        parts = _bounds(min(numel, lo + piece) - lo, n)
+        for q in peers:
+            s, e = parts[q]
+            if e > s:
+                if q in views:
+                    tensor[lo + s:lo + e].copy_(views[q][lo + s:lo + e])
+                else:
+                    _read(a, q, addresses[q] + (lo + s) * es, tensor[lo + s:lo + e], what)
+
+    for phase in range(rounds + 1):
+        if phase >= 1:
+            copy_back(phase - 1)
+        if phase < rounds:
+            reduce(phase)
+        a.sync(deadline, what)
+
+
 def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, deadline: Optional[float],
                    segment_bytes: int) -> None:
     """Reduce the flat ``tensor`` across all ranks in place, through shared memory (every rank calls it).
 
-    Up to ``SMALL_BYTES``: one sync.  Larger: pipelined in pieces of ``min(segment_bytes, SLOT_BYTES)``,
-    one sync a round; tensors from ``shared_empty`` on every rank are read in place (zero-copy).
-    Every rank ends with the same bits.  ``UnsupportedError`` if the ranks are not on one host.
+    Up to ``SMALL_BYTES``: one sync.  Larger: where the arena agreed that peers' memory can be read,
+    every peer's tensor is read where it lies (``_reduce_direct``); else pipelined through the slots
+    in pieces of ``min(segment_bytes, SLOT_BYTES)``, one sync a round, tensors from ``shared_empty``
+    on every rank read in place (zero-copy).  Every rank ends with the same bits.
+    ``UnsupportedError`` if the ranks are not on one host.
     """
-    n = t.size
-    if n == 1 or tensor.numel() == 0:
-        _finalize(tensor, op, n)
+    a = getattr(t, "_zerocomm_shm", None)  # the arena, once made: the common case costs one lookup
+    nbytes = tensor.nbytes
+    if a is None:
+        if t.size == 1 or nbytes == 0:
+            _finalize(tensor, op, t.size)
+            return
+        a = shm.arena(t, tag=tag, deadline=deadline)
+    elif nbytes == 0:
         return
-    a = shm.arena(t, tag=tag, deadline=deadline)
-    what = f"all_reduce (tag {tag})"
-    if tensor.numel() * tensor.element_size() <= min(SMALL_BYTES, a.slot_bytes):
-        _reduce_small(a, tensor, op, True, deadline, what)
+    if nbytes <= SMALL_BYTES and nbytes <= a.slot_bytes:
+        _reduce_small(a, tensor, op, True, deadline, f"all_reduce (tag {tag})")
+    elif a.cross_memory:
+        _reduce_direct(t, a, tensor, op, deadline, segment_bytes, f"all_reduce (tag {tag})")
     else:
-        _reduce_pipelined(t, a, tensor, op, True, True, deadline, segment_bytes, what)
+        _reduce_pipelined(t, a, tensor, op, True, True, deadline, segment_bytes, f"all_reduce (tag {tag})")
 
 
 def reduce_shm(t: Transport, tensor: torch.Tensor, op: str, root: int, *, tag: int, deadline: Optional[float],

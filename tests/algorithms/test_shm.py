@@ -19,6 +19,7 @@ from support.local_transport import run_ranks
 from support.references import assert_matches, rank_values, reference, to_torch
 from zerocomm.comm import UnsupportedError, shm, topology
 from zerocomm.comm.algorithms import ALGORITHMS
+from zerocomm.comm.algorithms import shm as shm_schedules
 from zerocomm.comm.backends.gloo import GlooBackend
 from zerocomm.comm.select import rule
 
@@ -85,6 +86,67 @@ def test_zero_copy_inputs(n, who):
             assert_matches(out, expected, f"zero-copy all_reduce n={n} ({who}): rank {r}")
 
 
+def _cross_memory_works() -> bool:
+    """Whether this process may read its own memory with process_vm_readv (threads-as-ranks share it)."""
+    probe, into = torch.tensor([12345], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    return shm.read_peer(os.getpid(), probe.data_ptr(), into) == 8 and int(into) == 12345
+
+
+@pytest.mark.parametrize("allowed", [True, False], ids=["cross-memory", "slots-only"])
+def test_arena_agrees_on_reading_peers_memory(monkeypatch, allowed):
+    monkeypatch.setattr(shm, "CROSS_MEMORY", allowed)
+
+    def body(t):
+        fn("barrier")(t, tag=1, deadline=time.monotonic() + 10, segment_bytes=64)
+        return t._zerocomm_shm.cross_memory
+
+    assert run_ranks(3, body, timeout_s=30) == [allowed and _cross_memory_works()] * 3
+
+
+@pytest.mark.parametrize("allowed", [True, False], ids=["direct", "slots"])
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_large_all_reduce_both_schedules(monkeypatch, n, allowed):
+    """The direct schedule (peers' tensors read in place, through a scratch block far smaller than a
+    slice here: several blocks a piece) and the slot schedule, on uneven sizes and several pieces."""
+    monkeypatch.setattr(shm, "CROSS_MEMORY", allowed)
+    monkeypatch.setattr(shm_schedules, "BLOCK_BYTES", 1000)
+    monkeypatch.setattr(shm_schedules, "DIRECT_PIECE_BYTES", 1)  # the segment decides: several pieces
+    for dtype, op in CELLS:
+        for numel, segment in ((5003, 4096), (20_011, 1 << 20)):
+            checks.check_all_reduce(fn("all_reduce"), n, numel, dtype, op, segment)
+
+
+def test_small_all_reduce_views_follow_the_memory():
+    """The small path's cached numpy views are keyed by address, size and dtype: the same memory read as
+    another dtype, a tensor resized in place (its storage stays resizable), and a fresh tensor each call
+    all reduce correctly."""
+    def body(t):
+        deadline = time.monotonic() + 20
+        out = []
+        x = torch.full((6,), float(t.rank + 1))
+        for _ in range(2):
+            fn("all_reduce")(t, x, "sum", tag=1, deadline=deadline, segment_bytes=1 << 20)
+            out.append(x.tolist())
+        y = x.view(torch.int32)  # same address and bytes, another dtype
+        y.fill_(t.rank + 1)
+        fn("all_reduce")(t, y, "bxor", tag=2, deadline=deadline, segment_bytes=1 << 20)
+        out.append(y.tolist())
+        x.resize_(1000)  # new storage (and address) under the same tensor
+        x.fill_(2.0)
+        fn("all_reduce")(t, x, "max", tag=3, deadline=deadline, segment_bytes=1 << 20)
+        out.append(sorted(set(x.tolist())))
+        for step in range(20):  # more distinct tensors than the cache keeps
+            z = torch.full((3,), float(step + t.rank))
+            fn("all_reduce")(t, z, "sum", tag=4, deadline=deadline, segment_bytes=1 << 20)
+            out.append(z.tolist())
+        return out
+
+    for results in run_ranks(3, body, timeout_s=60):
+        assert results[0] == [6.0] * 6 and results[1] == [18.0] * 6
+        assert results[2] == [1 ^ 2 ^ 3] * 6 and results[3] == [2.0]
+        assert results[4:] == [[3.0 * step + 3.0] * 3 for step in range(20)]
+
+
 def test_ranks_on_several_hosts_are_refused_naming_the_alternatives():
     def body(t):
         topology.hosts(t, tag=1, deadline=time.monotonic() + 10, name=f"node{t.rank % 2}")
@@ -132,3 +194,32 @@ def test_selection_offers_shm_only_on_one_host():
     for one_host in (None, False):  # unknown or spread: "auto" never picks shm
         rows = table(GlooBackend, 2, "all_reduce", torch.float32, "sum", "auto", one_host).rows
         assert all(algorithm != "shm" for _, algorithm in rows)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_auto_picks_shm_on_one_host_where_the_table_says_it_wins(backend):
+    """Every shm row of the committed table's "+one_host" section is what "auto" picks on one host for a
+    call at that row's upper size; across hosts, or while the hosts are unknown, "auto" reads rows
+    that never name shm (the plain section has none)."""
+    from zerocomm.comm.backends import backend_class
+    from zerocomm.comm.select import UNBOUNDED, auto_table
+
+    cls = backend_class(backend)
+    local = auto_table()[f"{backend}+one_host"]
+    assert all(algorithm != "shm" for rows in auto_table()[backend].values() for _, _, algorithm in rows)
+    largest = max(world for rows in local.values() for world, _, _ in rows if world < UNBOUNDED)
+    shm_rows = [(collective, world, max_bytes) for collective, rows in local.items()
+                for world, max_bytes, algorithm in rows if algorithm == "shm"]
+    assert any(collective == "all_reduce" for collective, _, _ in shm_rows), f"no shm all_reduce row for {backend}"
+
+    def auto(collective, n, nbytes, one_host):
+        op = "sum" if collective in ("all_reduce", "reduce", "reduce_scatter") else None
+        rows = rule.__wrapped__(cls, n, collective, torch.float32, op, "auto", one_host).rows
+        return next(algorithm for bound, algorithm in rows if nbytes <= bound)
+
+    for collective, world, max_bytes in shm_rows:
+        n = world if world < UNBOUNDED else largest + 1
+        nbytes = max_bytes if max_bytes < UNBOUNDED else 1 << 30
+        assert auto(collective, n, nbytes, True) == "shm", (collective, n, nbytes)
+        for one_host in (False, None):
+            assert auto(collective, n, nbytes, one_host) != "shm", (collective, n, nbytes, one_host)
