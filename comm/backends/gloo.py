@@ -20,7 +20,7 @@ import torch.distributed as td
 
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
-from ..transport import Backend, PeerFailure, Request
+from ..transport import AGREE, DISAGREE, Backend, PeerFailure, Request
 
 _C = torch._C._distributed_c10d
 
@@ -121,6 +121,9 @@ class GlooBackend(Backend):
         self.size = size
         self.timeout = timeout
         self.pg = td.ProcessGroupGloo(store, rank, size, timeout)
+        self._agreement = torch.zeros(2, dtype=torch.int64)  # the mismatch check's [digest, -digest]
+        self._agreement_options = _C.AllreduceOptions()
+        self._agreement_options.reduceOp = td.ReduceOp.MAX
 
     # -- point to point ---------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
@@ -168,6 +171,15 @@ class GlooBackend(Backend):
     @classmethod
     def native_traffic_as(cls, collective: str) -> str:
         return "all_reduce" if collective == "reduce_scatter" else collective  # see NATIVE_TABLE
+
+    def agree(self, digest: int, deadline: Optional[float], tensor=None, op=None) -> int:
+        # One MAX all_reduce of [digest, -digest]: the ranks agree when the largest digest is the smallest.
+        both = self._agreement
+        both[0], both[1] = digest, -digest
+        _wait(self.pg.allreduce([both], self._agreement_options), "every rank to reach the mismatch check",
+              _remaining(deadline))
+        highest, negated_lowest = both.tolist()
+        return AGREE if highest == -negated_lowest else DISAGREE
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
