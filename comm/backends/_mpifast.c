@@ -96,7 +96,7 @@ static const int64_t kind_size[] = {4, 8, 4, 8, 1, 1, 2};  /* float32 float64 in
 static void reduce_payload(const stage_t *in, stage_t *io) {
     int32_t kind = io->kind, op = io->op;
     int64_t n = io->count;
-    if (kind < 0 || kind > 6 || op < 0 || op > 6 || n < 0 || n * kind_size[kind] > PAYLOAD_BYTES)
+    if (kind < 0 || kind > 6 || op < 0 || op > 6 || n < 0 || n > PAYLOAD_BYTES / kind_size[kind])
         return;  /* a check alone, or a header this build does not know: nothing to reduce */
     if (kind <= 1 && op > 3)
         return;

@@ -190,13 +190,22 @@ _NO_PAYLOAD = (0, 0, -1, 0, 0)
 
 
 def _bind_extension(MPI) -> bool:
-    """Whether ``_mpifast`` is bound to the loaded MPICH library (see the note on the C hot loop)."""
-    if _mpifast is None:
-        return False
+    """Whether ``_mpifast`` is bound to the loaded MPICH library (see the note on the C hot loop); tried once."""
+    if not _BOUND:
+        _BOUND.append(_mpifast is not None and _try_to_bind(MPI))
+    return _BOUND[0]
+
+
+_BOUND: List[bool] = []
+
+
+def _try_to_bind(MPI) -> bool:
     path = next((line.split()[-1] for line in open("/proc/self/maps") if "/libmpi" in line and ".so" in line), None)
-    handles = (MPI.COMM_WORLD.handle, MPI.FLOAT.handle, MPI.SUM.handle, MPI.REQUEST_NULL.handle)
-    if path is None or not MPI.Get_library_version().startswith("MPICH") or \
-            not all(isinstance(h, int) and (h < 2**31 or h >= 2**64 - 2**31) for h in handles) or MPI.REQUEST_NULL.handle != 0x2c000000:
+    # MPICH's int handles (mpi4py writes a negative one sign-extended to 64 bits, as unsigned).
+    handles = (MPI.COMM_WORLD.handle, MPI.FLOAT.handle, MPI.SUM.handle, MPI.BYTE.handle)
+    ints = all(isinstance(h, int) and (h < 2**31 or h >= 2**64 - 2**31) for h in handles)
+    if path is None or not MPI.Get_library_version().startswith("MPICH") or not ints or \
+            MPI.REQUEST_NULL.handle != 0x2c000000:
         return False  # another ABI (Open MPI's handles are pointers)
     try:
         _mpifast.bind(path, MPI.BYTE.handle)
@@ -338,7 +347,8 @@ class MpiBackend(Backend):
         #: (data_ptr, numel, dtype, op) -> (MPI buffer spec, MPI op, divide after, C arguments): see ``all_reduce``.
         self._specs: dict = {}
         #: ``_mpifast.allreduce`` or None (see the note on the C hot loop); ``_checked``: ``_mpifast.checked``.
-        self._fast = _mpifast.allreduce if _bind_extension(MPI) else None
+        # Every rank must check the same way (the check's MPI type differs): the C way only where all can.
+        self._fast = _mpifast.allreduce if comm.allreduce(int(_bind_extension(MPI)), op=MPI.MIN) else None
         self._checked = _mpifast.checked if self._fast is not None else None
         self._handle = comm.handle
         #: The mismatch check's buffer (see ``agree``), made once: [digest, -digest] through mpi4py, or
