@@ -68,9 +68,9 @@ def results_both_ways() -> dict:
         checks = [0]
         agree = backend.agree
 
-        def counted(digest, deadline):
+        def counted(*args):
             checks[0] += 1
-            return agree(digest, deadline)
+            return agree(*args)
 
         backend.agree = counted
         wrong = []
@@ -97,7 +97,7 @@ def test_all_reduce_gives_the_same_results_both_ways(world):
             pytest.skip(NOT_BUILT)
         for way in WAYS:
             assert out[way]["wrong"] == [], (rank, way, out[way]["wrong"][:3])
-            # every call is checked (default settings) except the empty ones, which move nothing either way
+            # every call is checked (default settings), the short path's too
             assert out[way]["checks"] == out[way]["calls"], (rank, way, out[way])
 
 
@@ -209,3 +209,17 @@ def test_a_late_peer_times_out_in_the_check_both_ways(world):
             assert seen["world"] == [2.0, 2.0], (way, seen)
     if outs[0]["c"] == NOT_BUILT:
         pytest.skip(NOT_BUILT)
+
+
+def test_the_check_digest_is_the_same_in_every_process():
+    """Ranks compare digests computed in different processes: no string or object hash may enter them
+    (Python salts those per process), so two interpreters with different hash seeds must agree."""
+    import os
+    import subprocess
+    import sys
+    probe = ("import torch; from zerocomm.comm.group import digest; from zerocomm.comm.validate import fingerprint_cell;"
+             "cell = fingerprint_cell('all_reduce', 'sum', torch.float32, -1, 'native');"
+             "print(digest(1048577, 2, hash(cell)), cell)")
+    outputs = {subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120,
+                              env=dict(os.environ, PYTHONHASHSEED=seed)).stdout for seed in ("1", "2")}
+    assert len(outputs) == 1, outputs
