@@ -79,7 +79,7 @@ class Group(ProcessGroupMethods):
         #: (collective, dtype, op, requested algorithm) -> (algorithm, function), for cells whose choice does
         #: not depend on the size (see ``validate.choose_algorithm``).
         self.choices: Dict[tuple, tuple] = {}
-        #: (requested algorithm, dtype) -> rows ``(most elements, function, check code or None)`` of blocking SUM
+        #: (requested algorithm, dtype) -> rows ``(most elements, function, check or None)`` of blocking SUM
         #: all_reduce cells that may take the short path (see ``run_short``); filled by ``short_path.remember``,
         #: emptied when the configuration changes.
         self.short: Dict[tuple, tuple] = {}

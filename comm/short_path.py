@@ -24,8 +24,9 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     check (``run_short`` runs that check too): a CPU group, no debug fingerprint (debug all-gathers whole
     fingerprints), no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
     elements of ``dtype`` (one unbounded row for an explicit algorithm): ``(most elements, function,
-    check)``, where ``check`` is ``(hash of the cell, cell, native)`` for ``Group.run_short``, or ``None`` when the
-    check is off or the row's algorithm is shared memory (checked only in debug mode, as in ``execute``).
+    check)``, where ``check`` is ``(hash of the cell, cell, native)`` for ``Group.run_short``, or ``None``
+    when the check is off or the row's algorithm is shared memory (checked only in debug mode, as in
+    ``Group.execute``).
     """
     from .validate import fingerprint_cell, _selection_logged  # validate imports this module first
     config = WORLD.config

@@ -137,7 +137,6 @@ def mismatch_on_the_short_path() -> dict:
 
 @pytest.mark.parametrize("world", worlds(("mpi",), (2, 3)), indirect=True)
 def test_a_mismatch_on_the_short_path_raises_on_every_rank_both_ways(world):
-    n = world.size if hasattr(world, "size") else None
     outs = world.run(mismatch_on_the_short_path, timeout=120)
     n = len(outs)
     for rank, out in enumerate(outs):
@@ -217,7 +216,8 @@ def test_the_check_digest_is_the_same_in_every_process():
     import os
     import subprocess
     import sys
-    probe = ("import torch; from zerocomm.comm.group import digest; from zerocomm.comm.validate import fingerprint_cell;"
+    probe = ("import torch; from zerocomm.comm.group import digest;"
+             "from zerocomm.comm.validate import fingerprint_cell;"
              "cell = fingerprint_cell('all_reduce', 'sum', torch.float32, -1, 'native');"
              "print(digest(1048577, 2, hash(cell)), cell)")
     outputs = {subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120,
