@@ -16,7 +16,6 @@ disagree, instead of the garbage, hang or abort a mismatch gives on the wire.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import torch

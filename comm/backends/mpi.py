@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import array
 import os
-import sys
-import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -58,6 +56,7 @@ from ...ops.reduce import reduce_
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request
+from .mpi_start import loaded_libmpi
 
 try:
     from . import _mpifast  # the optional C hot loop (see the note)
@@ -102,79 +101,6 @@ def mpi_available() -> Optional[str]:
     return None
 
 
-# -- init with a deadline, and abort on an uncaught exception (see docs/failures.md) ------------------------
-
-def init_mpi_within(seconds: float) -> None:
-    """Initialize MPI (``MPI_THREAD_MULTIPLE``) unless it is, raising ``CommTimeoutError`` after ``seconds``.
-
-    ``MPI_Init`` waits for every rank of the job to start, forever, and mpi4py calls it without
-    releasing the GIL; so it is called here through ``ctypes`` (which releases it) on a daemon
-    thread, and this thread waits with the deadline.  A rank that never starts then makes the
-    others fail by the deadline instead of hanging in init.  Also installs the abort hook.
-    """
-    if "mpi4py.MPI" not in sys.modules:
-        try:
-            import mpi4py
-        except ImportError:
-            return  # mpi_available() says why
-        mpi4py.rc.initialize = False  # zerocomm initializes, below; mpi4py still finalizes at exit
-        mpi4py.rc.finalize = True
-        mpi4py.rc.thread_level = "multiple"
-    try:
-        MPI = _mpi()
-    except Exception:
-        return  # mpi_available() says why
-    if not MPI.Is_initialized():
-        _init_thread_multiple(MPI, seconds)
-    _install_abort_hook()
-
-
-def _init_thread_multiple(MPI, seconds: float) -> None:
-    import ctypes
-
-    from ..errors import CommError, CommTimeoutError
-    path = next((line.split()[-1] for line in open("/proc/self/maps") if "/libmpi" in line and ".so" in line), None)
-    if path is None:  # no loaded library to call: mpi4py's own call, without a deadline
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
-        return
-    library = ctypes.CDLL(path)
-    provided = ctypes.c_int(-1)
-    outcome = []
-    worker = threading.Thread(target=lambda: outcome.append(library.MPI_Init_thread(
-        None, None, MPI.THREAD_MULTIPLE, ctypes.byref(provided))), name="zerocomm-mpi-init", daemon=True)
-    start = time.monotonic()
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMIX_RANK")
-        raise CommTimeoutError(
-            f"rank {rank if rank is not None else '?'}: init_process_group('mpi') timed out after "
-            f"{(time.monotonic() - start) * 1000:.0f} ms (deadline {seconds * 1000:.0f} ms) in MPI_Init: not every "
-            "rank of the MPI job started MPI (a rank that crashed or hangs before init_process_group)")
-    if outcome != [0]:
-        raise CommError(f"init_process_group('mpi'): MPI_Init_thread failed with error code {outcome}")
-
-
-def _install_abort_hook() -> None:
-    """Make an uncaught exception end the whole MPI job (``MPI_Abort``) instead of leaving the other ranks
-    waiting for this one until their deadline; the previous ``sys.excepthook`` runs first (it prints)."""
-    if getattr(sys.excepthook, "zerocomm_mpi_abort", False):
-        return
-    previous = sys.excepthook
-
-    def abort_on_uncaught(kind, value, traceback) -> None:
-        previous(kind, value, traceback)
-        MPI = _mpi()
-        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-            sys.stderr.write(f"zerocomm: uncaught {kind.__name__} on MPI rank {MPI.COMM_WORLD.Get_rank()}: "
-                             "calling MPI_Abort so that the other ranks do not wait for this one\n")
-            sys.stderr.flush()
-            MPI.COMM_WORLD.Abort(1)
-
-    abort_on_uncaught.zerocomm_mpi_abort = True
-    sys.excepthook = abort_on_uncaught
-
-
 #: Requests that outlived their communicator unfinished, with the tensors they point at (see the note).
 _ABANDONED: List[tuple] = []
 
@@ -200,7 +126,7 @@ _BOUND: List[bool] = []
 
 
 def _try_to_bind(MPI) -> bool:
-    path = next((line.split()[-1] for line in open("/proc/self/maps") if "/libmpi" in line and ".so" in line), None)
+    path = loaded_libmpi()
     # MPICH's int handles (mpi4py writes a negative one sign-extended to 64 bits, as unsigned).
     handles = (MPI.COMM_WORLD.handle, MPI.FLOAT.handle, MPI.SUM.handle, MPI.BYTE.handle)
     ints = all(isinstance(h, int) and (h < 2**31 or h >= 2**64 - 2**31) for h in handles)
