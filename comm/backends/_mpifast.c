@@ -79,11 +79,14 @@ typedef struct {
         }                                                                               \
     } while (0)
 
-#define BITWISE(T, in, io, n, op)                                                       \
+/* Integers: sums and products wrap around as MPI's do (computed unsigned: no signed overflow in C). */
+#define INTEGER(T, U, in, io, n, op)                                                    \
     do {                                                                                \
         const T *a = (const T *)(in);                                                   \
         T *b = (T *)(io);                                                               \
         switch (op) {                                                                   \
+        case 0: for (int64_t i = 0; i < (n); i++) b[i] = (T)((U)a[i] + (U)b[i]); break; \
+        case 1: for (int64_t i = 0; i < (n); i++) b[i] = (T)((U)a[i] * (U)b[i]); break; \
         case 4: for (int64_t i = 0; i < (n); i++) b[i] = a[i] & b[i]; break;            \
         case 5: for (int64_t i = 0; i < (n); i++) b[i] = a[i] | b[i]; break;            \
         case 6: for (int64_t i = 0; i < (n); i++) b[i] = a[i] ^ b[i]; break;            \
@@ -103,11 +106,11 @@ static void reduce_payload(const stage_t *in, stage_t *io) {
     switch (kind) {
     case 0: REDUCE(float, in->payload, io->payload, n, op); break;
     case 1: REDUCE(double, in->payload, io->payload, n, op); break;
-    case 2: BITWISE(int32_t, in->payload, io->payload, n, op); break;
-    case 3: BITWISE(int64_t, in->payload, io->payload, n, op); break;
-    case 4: BITWISE(int8_t, in->payload, io->payload, n, op); break;
-    case 5: BITWISE(uint8_t, in->payload, io->payload, n, op); break;
-    case 6: BITWISE(int16_t, in->payload, io->payload, n, op); break;
+    case 2: INTEGER(int32_t, uint32_t, in->payload, io->payload, n, op); break;
+    case 3: INTEGER(int64_t, uint64_t, in->payload, io->payload, n, op); break;
+    case 4: INTEGER(int8_t, uint8_t, in->payload, io->payload, n, op); break;
+    case 5: INTEGER(uint8_t, uint8_t, in->payload, io->payload, n, op); break;
+    case 6: INTEGER(int16_t, uint16_t, in->payload, io->payload, n, op); break;
     }
 }
 
