@@ -113,22 +113,26 @@ def mismatch_on_the_short_path() -> dict:
             out[way] = NOT_BUILT
             continue
         try:
-            for dtype in (torch.float32, torch.float64):
-                for _ in range(2):
-                    dist.all_reduce(torch.ones(4, dtype=dtype))
-            from zerocomm.comm.group import WORLD
-            short = all(row[2] is not None for rows in WORLD.default.short.values() for row in rows)
-            seen = {"short path checked": short and len(WORLD.default.short) >= 2}
-            for kind, tensor in (("size", torch.ones(5 if odd else 4)),
-                                 ("dtype", torch.ones(4, dtype=torch.float64 if odd else torch.float32))):
-                try:
-                    dist.all_reduce(tensor)
-                    seen[kind] = "no error"
-                except dist.CommError as error:
-                    seen[kind] = (type(error).__name__, str(error))
-                after = torch.ones(2)
-                dist.all_reduce(after)
-                seen[kind + " after"] = after.tolist()
+            seen = {}
+            for algorithm in (None, "native"):  # "auto"'s choice, and native (whose small calls ride in the check)
+                for dtype in (torch.float32, torch.float64):
+                    for _ in range(2):
+                        dist.all_reduce(torch.ones(4, dtype=dtype), algorithm=algorithm)
+                from zerocomm.comm.group import WORLD
+                rows = [WORLD.default.short.get((algorithm, dtype)) for dtype in (torch.float32, torch.float64)]
+                seen[f"short path checked {algorithm}"] = all(r is not None and r[0][2] is not None for r in rows)
+                for kind, tensor in (("size", torch.ones(5 if odd else 4)),
+                                     ("dtype", torch.ones(4, dtype=torch.float64 if odd else torch.float32))):
+                    kind = f"{kind} {algorithm}"
+                    original = tensor.clone()
+                    try:
+                        dist.all_reduce(tensor, algorithm=algorithm)
+                        seen[kind] = "no error"
+                    except dist.CommError as error:
+                        seen[kind] = (type(error).__name__, str(error), torch.equal(tensor, original))
+                    after = torch.ones(2)
+                    dist.all_reduce(after, algorithm=algorithm)
+                    seen[kind + " after"] = after.tolist()
             out[way] = seen
         finally:
             _backend()._fast = saved
@@ -144,12 +148,14 @@ def test_a_mismatch_on_the_short_path_raises_on_every_rank_both_ways(world):
             if out[way] == NOT_BUILT:
                 continue
             seen = out[way]
-            assert seen["short path checked"], (rank, way, seen)
-            for kind in ("size", "dtype"):
-                name, message = seen[kind]
-                assert name == "CollectiveMismatchError", (rank, way, kind, seen[kind])
-                assert "rank 0 called" in message and f"rank {n - 1} called" in message, message
-                assert seen[kind + " after"] == [float(n)] * 2, (rank, way, kind, seen)
+            for algorithm in (None, "native"):
+                assert seen[f"short path checked {algorithm}"], (rank, way, seen)
+                for kind in (f"size {algorithm}", f"dtype {algorithm}"):
+                    name, message, untouched = seen[kind]
+                    assert name == "CollectiveMismatchError", (rank, way, kind, seen[kind])
+                    assert "rank 0 called" in message and f"rank {n - 1} called" in message, message
+                    assert untouched, f"rank {rank} {way} {kind}: the tensor changed though the call was refused"
+                    assert seen[kind + " after"] == [float(n)] * 2, (rank, way, kind, seen)
     if outs[0]["c"] == NOT_BUILT:
         pytest.skip(NOT_BUILT)
 
