@@ -253,7 +253,8 @@ def run_world(command: str, args, body: Callable[[InitSpec], int]) -> int:
 def module_main(module, argv: Optional[list] = None) -> int:
     """``python -m zerocomm.benchmarks.<module>``: parse ``module``'s arguments and run it, as the CLI would."""
     import argparse
-    parser = argparse.ArgumentParser(prog=f"python -m {module.__name__}", description=module.HELP)
+    name = module.__spec__.name if module.__spec__ is not None else module.__name__  # not "__main__" under -m
+    parser = argparse.ArgumentParser(prog=f"python -m {name}", description=module.HELP)
     module.add_arguments(parser)
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
