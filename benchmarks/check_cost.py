@@ -10,7 +10,6 @@ call on rank 0, and the cost over "off".  Timings, not assertions: compare withi
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -61,24 +60,16 @@ def _body(spec, args) -> int:
 
 
 def run(args) -> int:
-    from .launch import detect_launcher, launched_spec, relaunch_under_mpiexec, run_forked
+    from .launch import run_world
     from .options import UsageError
     if args.iters < 10 or args.rounds < 1 or args.nprocs < 2 or args.bytes < 1:
         raise UsageError("--iters >= 10, --rounds >= 1, --nprocs >= 2 and --bytes >= 1 are needed")
-    launched = detect_launcher(os.environ)
-    if launched is not None:
-        return _body(launched_spec(launched, args.backend), args)
-    if args.backend == "mpi":
-        return relaunch_under_mpiexec(args.nprocs, ["check-cost", *args.argv])
-    return run_forked(args.nprocs, args.backend, lambda spec: _body(spec, args))
+    return run_world("check-cost", args, lambda spec: _body(spec, args))
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zerocomm.benchmarks.check_cost", description=HELP)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    args.argv = list(argv if argv is not None else sys.argv[1:])
-    return run(args)
+    from .launch import module_main
+    return module_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -234,3 +234,28 @@ def _wait_ranks(processes: dict, grace_s: float) -> int:
     for line in failures:
         sys.stderr.write(f"zerocomm-bench: {line}\n")
     return 1 if failures else 0
+
+
+def run_world(command: str, args, body: Callable[[InitSpec], int]) -> int:
+    """Run ``body(spec)`` on every rank of a ``--backend``/``--nprocs`` world; the worst exit status.
+
+    Under a launcher this process is one rank; with MPI and no launcher the ``zerocomm-bench command``
+    line (``args.argv``) runs again under ``mpiexec``; otherwise ``args.nprocs`` ranks are forked.
+    """
+    launched = detect_launcher(os.environ)
+    if launched is not None:
+        return body(launched_spec(launched, args.backend))
+    if args.backend == "mpi":
+        return relaunch_under_mpiexec(args.nprocs, [command, *args.argv])
+    return run_forked(args.nprocs, args.backend, body)
+
+
+def module_main(module, argv: Optional[list] = None) -> int:
+    """``python -m zerocomm.benchmarks.<module>``: parse ``module``'s arguments and run it, as the CLI would."""
+    import argparse
+    name = module.__spec__.name if module.__spec__ is not None else module.__name__  # not "__main__" under -m
+    parser = argparse.ArgumentParser(prog=f"python -m {name}", description=module.HELP)
+    module.add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    return module.run(args)

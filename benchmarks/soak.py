@@ -15,7 +15,6 @@ any result was wrong or a call raised.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -193,24 +192,16 @@ def _body(spec, calls: int, seed: int) -> int:
 
 
 def run(args) -> int:
-    from .launch import detect_launcher, launched_spec, relaunch_under_mpiexec, run_forked
+    from .launch import run_world
     from .options import UsageError
     if args.calls < 10 or args.nprocs < 1:
         raise UsageError(f"--calls must be at least 10 and --nprocs at least 1, got {args.calls}, {args.nprocs}")
-    launched = detect_launcher(os.environ)
-    if launched is not None:
-        return _body(launched_spec(launched, args.backend), args.calls, args.seed)
-    if args.backend == "mpi":
-        return relaunch_under_mpiexec(args.nprocs, ["soak", *args.argv])
-    return run_forked(args.nprocs, args.backend, lambda spec: _body(spec, args.calls, args.seed))
+    return run_world("soak", args, lambda spec: _body(spec, args.calls, args.seed))
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zerocomm.benchmarks.soak", description=HELP)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    args.argv = list(argv if argv is not None else sys.argv[1:])
-    return run(args)
+    from .launch import module_main
+    return module_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import torch
 from .config import CommConfig
 from .errors import CommError, CommTimeoutError, NotInitializedError, PeerError
 from .group_methods import ProcessGroupMethods
-from .transport import USER_TAG_LIMIT, Backend, PeerFailure
+from .transport import AGREE_AND_REDUCED, USER_TAG_LIMIT, Backend, PeerFailure
 from .work import Work
 
 #: The deadline of a group created without one (``CommConfig.timeout_s``'s default; see docs/failures.md).
@@ -39,6 +39,16 @@ DEFAULT_TIMEOUT = datetime.timedelta(seconds=CommConfig().timeout_s)
 _TAG_SPAN = (1 << 28) - USER_TAG_LIMIT
 
 _profiler_enabled = torch.autograd._profiler_enabled
+
+#: A check digest is kept to 62 bits, so that it and its negation fit an int64.
+_DIGEST_MASK = (1 << 62) - 1
+
+
+def digest(tag: int, numel: int, cell_code: int) -> int:
+    """The mismatch check's hash of one call: its tag (the group's sequence number), its element count and
+    its cell (``hash`` of ``validate.fingerprint_cell``: collective, op, dtype, root, algorithm as small
+    ints, so the hash is the same in every process).  The short and the full path both use this one."""
+    return hash((tag, numel, cell_code)) & _DIGEST_MASK
 
 
 class Group(ProcessGroupMethods):
@@ -71,9 +81,9 @@ class Group(ProcessGroupMethods):
         #: (collective, dtype, op, requested algorithm) -> (algorithm, function), for cells whose choice does
         #: not depend on the size (see ``validate.choose_algorithm``).
         self.choices: Dict[tuple, tuple] = {}
-        #: (requested algorithm, dtype) -> (function, elements per row) of blocking SUM all_reduce cells that
-        #: may take the short path (see ``run_short``); filled by ``validate.all_reduce``, emptied when the
-        #: configuration changes.
+        #: (requested algorithm, dtype) -> rows ``(most elements, function, check or None)`` of blocking SUM
+        #: all_reduce cells that may take the short path (see ``run_short``); filled by ``short_path.remember``,
+        #: emptied when the configuration changes.
         self.short: Dict[tuple, tuple] = {}
         self.short_segment_bytes = 0
         self._seq = 0
@@ -177,7 +187,8 @@ class Group(ProcessGroupMethods):
             # it is checked only in debug mode (a check through its own shared slots is the next step).
             if config.debug or (config.check and call.algorithm != "shm"):
                 from .validate import cross_check  # validate imports this module: a late import
-                cross_check(call, tag, deadline, config.debug)
+                if cross_check(call, tag, deadline, config.debug):  # the all_reduce rode in the check
+                    call = call._replace(function=_already_done)
             if observers:
                 from .traffic import run_observed
                 run_observed(observers, call, tag, deadline, config.segment_bytes)
@@ -197,14 +208,16 @@ class Group(ProcessGroupMethods):
             for source, destination in call.copy_out:
                 destination.copy_(source.view(destination.shape))
 
-    def run_short(self, function, tensor: torch.Tensor, op: str) -> bool:
+    def run_short(self, function, tensor: torch.Tensor, op: str, check: Optional[tuple]) -> bool:
         """The short path of a blocking all_reduce: run ``function(communicator, tensor, op, ...)`` now, on
         this thread, if nothing else needs doing first; return False (nothing done) when the call must take
         ``run``'s path: another thread holds the group, calls are queued, the group failed or was destroyed,
         or observers or the profiler watch calls.  ``validate.short_all_reduce`` checked the tensor.
+        ``check`` is ``(hash of the cell, cell, native)`` for the mismatch check (``None``: no check), as
+        ``execute`` checks; a native all_reduce may ride in the check's message (``Backend.agree``).
 
         It is ``run`` + ``execute`` for that case, without building a call record: the same order (a tag
-        taken under the lock, held while it runs), the same deadline and the same typed errors.
+        taken under the lock, held while it runs), the same check, deadline and typed errors.
         """
         lock = self._lock
         if not lock.acquire(False):
@@ -213,10 +226,21 @@ class Group(ProcessGroupMethods):
             if self._pending or self.failure is not None or self._closed or WORLD.observers or _profiler_enabled():
                 return False
             self._seq += 1
+            tag = USER_TAG_LIMIT + self._seq % _TAG_SPAN
             start = time.monotonic()
+            deadline = start + self._timeout_s
             try:
-                function(self.communicator, tensor, op, tag=USER_TAG_LIMIT + self._seq % _TAG_SPAN,
-                         deadline=start + self._timeout_s, segment_bytes=self.short_segment_bytes)
+                if check is not None:
+                    numel = tensor.numel()
+                    agreed = self.communicator.agree(digest(tag, numel, check[0]), deadline,
+                                                     tensor if check[2] else None, op)
+                    if agreed == AGREE_AND_REDUCED:
+                        return True
+                    if not agreed:
+                        from .validate import name_mismatch  # the rare path: a late import
+                        name_mismatch(self, (tag, numel, *check[1]), deadline)
+                function(self.communicator, tensor, op, tag=tag, deadline=deadline,
+                         segment_bytes=self.short_segment_bytes)
             except TimeoutError as error:
                 raise self._timed_out("all_reduce", self._timeout_s, error, start) from None
             except PeerFailure as failure:
@@ -321,6 +345,10 @@ class Group(ProcessGroupMethods):
         self.short.clear()
         communicator, self.communicator = self.communicator, None
         communicator.close(abandon=self.failure is not None)
+
+
+def _already_done(*args, **kwargs) -> None:
+    """A call's function once its all_reduce rode in the mismatch check's message (observers still see it)."""
 
 
 class _NonMember:

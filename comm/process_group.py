@@ -121,7 +121,8 @@ def _make_communicator(backend: str, init_method, timeout, world_size, rank, sto
                 "init_process_group: backend 'mpi' in a process that no MPI launcher started (none of "
                 f"{', '.join(_MPI_LAUNCH_VARS)} is set): start the job with mpiexec -n N, or pass world_size=1 "
                 "to run a world of one on purpose")
-        from .backends.mpi import init_mpi_within, mpi_available
+        from .backends.mpi import mpi_available
+        from .backends.mpi_start import init_mpi_within
         init_mpi_within(timeout.total_seconds())  # a rank that never starts: CommTimeoutError, not a hang
         reason = mpi_available()
         if reason:

@@ -96,6 +96,9 @@ class Transport(abc.ABC):
         return None
 
 
+#: What ``Backend.agree`` found: the ranks disagree; they agree; they agree and the all_reduce it was given is done.
+DISAGREE, AGREE, AGREE_AND_REDUCED = 0, 1, 2
+
 #: A native collective: ``f(backend, *buffers, tag, deadline, segment_bytes) -> None``.
 NativeCollective = Callable[..., None]
 
@@ -136,6 +139,24 @@ class Backend(Transport):
     def user_irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         """``irecv`` for the user's send/recv; see :meth:`user_isend`."""
         return self.irecv(tensor, peer, tag)
+
+    def agree(self, digest: int, deadline: Optional[float], tensor: Optional[torch.Tensor] = None,
+              op: Optional[str] = None) -> int:
+        """Whether every rank of the communicator passed the same ``digest`` (an int in ``[0, 2**62)``):
+        ``DISAGREE`` (0), ``AGREE``, or ``AGREE_AND_REDUCED``.
+
+        The mismatch check's one round trip (see ``validate.cross_check``): every rank calls it, in the
+        collectives' order, before the collective it checks moves a byte.  It must cost about one small
+        native all_reduce and allocate nothing per call (a backend keeps its own buffer; a check that timed
+        out leaves that buffer to the request still posted, and the group is unusable after).  ``tensor``
+        and ``op`` are given when the checked call is a native all_reduce: a backend may reduce a small
+        ``tensor`` in the check's own message and answer ``AGREE_AND_REDUCED`` (the caller then skips the
+        all_reduce).  Whether it does must depend only on what the digest covers (dtype, op, element
+        count), so that ranks making the same call do the same thing on the wire; when the ranks
+        disagree, ``tensor`` is left unchanged.  Raises ``TimeoutError`` or :class:`PeerFailure` like a
+        native collective.
+        """
+        raise NotImplementedError(f"{self.name} has no mismatch check")
 
     @classmethod
     def native_traffic_as(cls, collective: str) -> str:

@@ -16,18 +16,17 @@ disagree, instead of the garbage, hang or abort a mismatch gives on the wire.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import torch
 import torch.distributed as _td
 
-from . import select
+from . import select, short_path
 from .algorithms import ALGORITHM_CHOICES, ALGORITHM_NAMES, ALGORITHMS, COLLECTIVES, COMPRESSED
 from .algorithms.compressed import SUB_COLLECTIVES, sub_algorithm
 from .errors import CollectiveMismatchError, InvalidArgumentError, UnsupportedError
-from .group import NON_GROUP_MEMBER, WORLD, Group
-from .transport import USER_TAG_LIMIT
+from .group import NON_GROUP_MEMBER, WORLD, Group, digest
+from .transport import AGREE_AND_REDUCED, USER_TAG_LIMIT
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
 from .sparse import all_reduce_sparse
 
@@ -270,7 +269,7 @@ def all_reduce(tensor, op, group, async_op, algorithm, compression, state) -> Ca
     if compression is None and algorithm != "onebit":
         algo, fn = choose_algorithm("all_reduce", g, tensor.dtype, name, nbytes, algorithm, "all_reduce")
         if op is _SUM and (algorithm, tensor.dtype) not in g.short:
-            _remember_short(g, algorithm, tensor.dtype)
+            short_path.remember(g, algorithm, tensor.dtype)
         return Call("all_reduce", g, (_flat(tensor), name), name, -1, algo, fn, None, async_op, None, (tensor,), (),
                     nbytes, tensor.numel(), tensor.dtype)
     return _onebit(tensor, name, g, async_op, algorithm, compression, state, nbytes)
@@ -285,10 +284,10 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
     """Run a blocking SUM all_reduce of a dense CPU tensor on a cell checked before, without a ``Call``.
 
     The checks ``all_reduce`` makes once per cell (group, dtype, op, algorithm: see
-    :func:`_remember_short`) are not repeated; what can change from call to call is: the tensor
+    ``short_path.remember``) are not repeated; what can change from call to call is: the tensor
     (contiguous, on the CPU, not a subclass), its size ("auto" picks by size) and the group's state
-    (``Group.run_short``).  True when the call ran; False when it must take the full path
-    (``all_reduce`` then ``Group.run``), which raises any error.
+    (``Group.run_short``, which also runs the mismatch check).  True when the call ran; False when it
+    must take the full path (``all_reduce`` then ``Group.run``), which raises any error.
     """
     if op is not _SUM or type(tensor) is not _Tensor:
         return False
@@ -300,50 +299,13 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
     rows = g.short.get((algorithm, tensor.dtype))
     if not rows or not tensor.is_contiguous() or not tensor.is_cpu or _logged(10):
         return False
-    function = rows[0][1]
+    row = rows[0]
     if len(rows) > 1:
         numel = tensor.numel()
-        for max_numel, function in rows:
-            if numel <= max_numel:
+        for row in rows:
+            if numel <= row[0]:
                 break
-    if function is None:
-        return False
-    return g.run_short(function, tensor if tensor.dim() == 1 else tensor.view(-1), "sum")
-
-
-def _remember_short(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
-    """Let SUM all_reduce calls of ``dtype`` with ``algorithm=requested`` on ``g`` take the short path.
-
-    Only where the full path would do nothing more than run the algorithm: a CPU group, no debug
-    fingerprint, no selection logging, a cell some algorithm serves, and no mismatch check
-    (``ZEROCOMM_CHECK=0``) unless the algorithm is "shm" (``Group.execute`` skips the check for it).
-    The rows are "auto"'s table in elements of ``dtype`` (one unbounded row for an explicit
-    algorithm); a row whose calls must take the full path has no function.  ``Group.short`` is
-    emptied when the configuration changes.
-    """
-    config = WORLD.config
-    if config.debug or not g.on_cpu or _selection_logged():
-        return  # not remembered: the full path runs every call's checks
-    choice = config.algorithm if requested is None else requested
-    rule = select.rule(g.backend_type, g.size(), "all_reduce", dtype, "sum", choice,
-                       getattr(g.communicator, "_zerocomm_one_host", None))  # as choose_algorithm reads it
-    if rule.refusal is not None:
-        return
-    native = g.backend_type.NATIVE
-
-    def function(algorithm):
-        if config.check and algorithm != "shm":
-            return None  # the mismatch check runs in Group.execute, which the short path skips
-        return native["all_reduce"] if algorithm == "native" else ALGORITHMS[("all_reduce", algorithm)]
-
-    if rule.rows is None:
-        rows = ((select.UNBOUNDED, function(rule.algorithm)),)
-    else:
-        rows = tuple((max_bytes // dtype.itemsize, function(algorithm)) for max_bytes, algorithm in rule.rows)
-    if all(fn is None for _, fn in rows):
-        rows = ()  # remembered as "never short", so the full path does not ask again
-    g.short_segment_bytes = config.segment_bytes
-    g.short[(requested, dtype)] = rows
+    return g.run_short(row[1], tensor if tensor.dim() == 1 else tensor.view(-1), "sum", row[2])
 
 
 def _sparse_all_reduce(tensor, op, g: Group, async_op) -> Call:
@@ -558,49 +520,55 @@ def barrier(group, async_op, timeout, algorithm) -> Call:
 
 # -- the cross-rank fingerprint -------------------------------------------------------------------------
 
-#: A fingerprint's hash is kept to 62 bits, so that it and its negation fit an int64.
-_HASH_MASK = (1 << 62) - 1
-
-
-def _fingerprint(call: Call, tag: int) -> tuple:
-    """(sequence number, collective, op, element count, dtype, root, algorithm) as small ints."""
-    dtype_id = SUPPORTED_DTYPES.index(call.dtype) if call.dtype in _DTYPES else -1
-    return (tag, COLLECTIVES.index(call.collective), _OPS.index(call.op) if call.op else -1, call.numel, dtype_id,
-            call.root, ALGORITHM_NAMES.index(call.algorithm))
+def fingerprint_cell(collective: str, op: Optional[str], dtype: torch.dtype, root: int, algorithm: str) -> tuple:
+    """(collective, op, dtype, root, algorithm) as small ints: a call's fingerprint is ``(tag, numel, *cell)``."""
+    dtype_id = SUPPORTED_DTYPES.index(dtype) if dtype in _DTYPES else -1
+    return (COLLECTIVES.index(collective), _OPS.index(op) if op else -1, dtype_id, root,
+            ALGORITHM_NAMES.index(algorithm))
 
 
 def _describe(row) -> str:
-    tag, coll, op, numel, dtype_id, root, alg = (int(v) for v in row)
+    tag, numel, coll, op, dtype_id, root, alg = (int(v) for v in row)
     dtype = SUPPORTED_DTYPES[dtype_id] if 0 <= dtype_id < len(SUPPORTED_DTYPES) else "?"
     return (f"call #{tag - USER_TAG_LIMIT} {COLLECTIVES[coll]}{'' if op < 0 else f' {_OPS[op].upper()}'} of "
             f"{'per-rank' if numel < 0 else numel} elements of {dtype}{'' if root < 0 else f' with root {root}'} "
             f"(algorithm {ALGORITHM_NAMES[alg]})")
 
 
-def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = False) -> None:
+def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = False) -> bool:
     """Check that every rank of ``call``'s group is making the same call; raise on every rank if not.
 
     Runs before the call moves any byte, on the group's own communicator (its native collectives are
-    matched by order, like the call itself).  The default, cheap form all-reduces (MAX) a 16-byte
-    ``[hash, -hash]`` of this rank's fingerprint: the ranks agree exactly when the maximum of the hashes
-    equals their minimum.  When they do not, every rank sees it, and all of them all-gather the whole
-    fingerprints to name the first two ranks that differ.  ``full`` (debug mode) always all-gathers them.
+    matched by order, like the call itself).  The default form is ``Backend.agree``: one 16-byte MAX
+    all_reduce of ``[digest, -digest]`` (``group.digest`` of the fingerprint), in a buffer the backend
+    made once; the ranks agree exactly when the largest digest is the smallest.  When they do not, every
+    rank sees it, and all of them all-gather the whole fingerprints to name the first two ranks that
+    differ (:func:`name_mismatch`).  ``full`` (debug mode) always all-gathers them.  A native all_reduce's
+    tensor goes with the check, which may reduce it too: True then (the caller skips the call's function).
     """
-    group, backend = call.group, call.group.communicator
-    if backend.size == 1:
-        return
-    mine = _fingerprint(call, tag)
+    group = call.group
+    if group.communicator.size == 1:
+        return False
+    cell = fingerprint_cell(call.collective, call.op, call.dtype, call.root, call.algorithm)
     if not full:
-        digest = hash(mine) & _HASH_MASK
-        both = torch.tensor([digest, -digest], dtype=torch.int64, device=group.device_type)
+        rides = call.collective == "all_reduce" and call.algorithm == "native" and call.options is None
         try:
-            backend.NATIVE["all_reduce"](backend, both, "max", tag=0, deadline=deadline, segment_bytes=0)
+            agreed = group.communicator.agree(digest(tag, call.numel, hash(cell)), deadline,
+                                              call.args[0] if rides else None, call.op)
+            if agreed:
+                return agreed == AGREE_AND_REDUCED
         except TimeoutError as error:
-            raise TimeoutError(f"every rank to reach the mismatch check of {_describe(mine)} ({error}); a rank "
-                               "that never arrives is alive but stuck, or called something else first") from None
-        highest, negated_lowest = both.tolist()
-        if highest == -negated_lowest:
-            return
+            raise TimeoutError(f"every rank to reach the mismatch check of "
+                               f"{_describe((tag, call.numel, *cell))} ({error}); a rank that never arrives is "
+                               "alive but stuck, or called something else first") from None
+    name_mismatch(group, (tag, call.numel, *cell), deadline)
+    return False
+
+
+def name_mismatch(group: Group, mine: tuple, deadline: Optional[float]) -> None:
+    """All-gather every rank's fingerprint ``mine`` (``(tag, numel, *cell)``); raise ``CollectiveMismatchError``
+    naming the first two ranks that differ.  Every rank of the group calls it (after a failed check)."""
+    backend = group.communicator
     row = torch.tensor(mine, dtype=torch.int64, device=group.device_type)
     everyone = torch.empty(backend.size * row.numel(), dtype=row.dtype, device=row.device)
     backend.NATIVE["all_gather"](backend, everyone, row, tag=0, deadline=deadline, segment_bytes=0)

@@ -31,15 +31,22 @@ done.  The group above is poisoned after such a failure (see ``group.py``), so
 no later call reuses the communicator; ``destroy_process_group`` frees it and a
 new ``init_process_group`` duplicates a fresh one.
 
+[Note: the C hot loop]  ``_mpifast`` (an optional C extension, built by ``pip install``) posts an
+``MPI_Iallreduce`` and runs the same wait in C, with the GIL released while it yields or sleeps:
+a small all_reduce then costs one Python-to-C call instead of mpi4py's buffer parsing, a request
+object and a Python loop.  It is used for all_reduce and the mismatch check when it imports and the
+library is MPICH (whose handles are ints, so the extension needs no mpi.h); otherwise (or with a
+backend's ``_fast`` set to ``None``, as the tests do) the same steps run through mpi4py.  Both paths
+leave a timed-out request in ``_orphans`` with its buffer.
+
 [Note: threads]  The executor thread and the caller's thread may both call MPI, so
 zerocomm needs ``MPI_THREAD_MULTIPLE``; ``init_process_group("mpi")`` asks for it
 and refuses a library that provides less.
 """
 from __future__ import annotations
 
+import array
 import os
-import sys
-import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -48,7 +55,13 @@ import torch
 from ...ops.reduce import reduce_
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
-from ..transport import Backend, PeerFailure, Request
+from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request
+from .mpi_start import loaded_libmpi
+
+try:
+    from . import _mpifast  # the optional C hot loop (see the note)
+except ImportError:  # not built (no compiler at install time): everything runs through mpi4py
+    _mpifast = None
 
 #: The phases of a wait (see the note above).
 _SPIN_S = 20e-6
@@ -57,6 +70,8 @@ _FIRST_SLEEP_S = 50e-6
 _MAX_SLEEP_S = 10e-3
 #: Entries of a backend's buffer-description caches before they are cleared (a bound, not a tuning).
 _SPEC_CACHE = 256
+#: The largest count MPI_Iallreduce takes (a C int): larger all_reduces go through mpi4py.
+_INT_MAX = (1 << 31) - 1
 
 NATIVE_TABLE = {
     "broadcast": "native (MPI_Ibcast)",
@@ -86,81 +101,43 @@ def mpi_available() -> Optional[str]:
     return None
 
 
-# -- init with a deadline, and abort on an uncaught exception (see docs/failures.md) ------------------------
-
-def init_mpi_within(seconds: float) -> None:
-    """Initialize MPI (``MPI_THREAD_MULTIPLE``) unless it is, raising ``CommTimeoutError`` after ``seconds``.
-
-    ``MPI_Init`` waits for every rank of the job to start, forever, and mpi4py calls it without
-    releasing the GIL; so it is called here through ``ctypes`` (which releases it) on a daemon
-    thread, and this thread waits with the deadline.  A rank that never starts then makes the
-    others fail by the deadline instead of hanging in init.  Also installs the abort hook.
-    """
-    if "mpi4py.MPI" not in sys.modules:
-        try:
-            import mpi4py
-        except ImportError:
-            return  # mpi_available() says why
-        mpi4py.rc.initialize = False  # zerocomm initializes, below; mpi4py still finalizes at exit
-        mpi4py.rc.finalize = True
-        mpi4py.rc.thread_level = "multiple"
-    try:
-        MPI = _mpi()
-    except Exception:
-        return  # mpi_available() says why
-    if not MPI.Is_initialized():
-        _init_thread_multiple(MPI, seconds)
-    _install_abort_hook()
-
-
-def _init_thread_multiple(MPI, seconds: float) -> None:
-    import ctypes
-
-    from ..errors import CommError, CommTimeoutError
-    path = next((line.split()[-1] for line in open("/proc/self/maps") if "/libmpi" in line and ".so" in line), None)
-    if path is None:  # no loaded library to call: mpi4py's own call, without a deadline
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
-        return
-    library = ctypes.CDLL(path)
-    provided = ctypes.c_int(-1)
-    outcome = []
-    worker = threading.Thread(target=lambda: outcome.append(library.MPI_Init_thread(
-        None, None, MPI.THREAD_MULTIPLE, ctypes.byref(provided))), name="zerocomm-mpi-init", daemon=True)
-    start = time.monotonic()
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMIX_RANK")
-        raise CommTimeoutError(
-            f"rank {rank if rank is not None else '?'}: init_process_group('mpi') timed out after "
-            f"{(time.monotonic() - start) * 1000:.0f} ms (deadline {seconds * 1000:.0f} ms) in MPI_Init: not every "
-            "rank of the MPI job started MPI (a rank that crashed or hangs before init_process_group)")
-    if outcome != [0]:
-        raise CommError(f"init_process_group('mpi'): MPI_Init_thread failed with error code {outcome}")
-
-
-def _install_abort_hook() -> None:
-    """Make an uncaught exception end the whole MPI job (``MPI_Abort``) instead of leaving the other ranks
-    waiting for this one until their deadline; the previous ``sys.excepthook`` runs first (it prints)."""
-    if getattr(sys.excepthook, "zerocomm_mpi_abort", False):
-        return
-    previous = sys.excepthook
-
-    def abort_on_uncaught(kind, value, traceback) -> None:
-        previous(kind, value, traceback)
-        MPI = _mpi()
-        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-            sys.stderr.write(f"zerocomm: uncaught {kind.__name__} on MPI rank {MPI.COMM_WORLD.Get_rank()}: "
-                             "calling MPI_Abort so that the other ranks do not wait for this one\n")
-            sys.stderr.flush()
-            MPI.COMM_WORLD.Abort(1)
-
-    abort_on_uncaught.zerocomm_mpi_abort = True
-    sys.excepthook = abort_on_uncaught
-
-
 #: Requests that outlived their communicator unfinished, with the tensors they point at (see the note).
 _ABANDONED: List[tuple] = []
+
+
+#: The element types and ops ``_mpifast.checked`` reduces in the check's own message (its KINDS and OPS).
+_C_KINDS = {torch.float32: 0, torch.float64: 1, torch.int32: 2, torch.int64: 3, torch.int8: 4, torch.uint8: 5,
+            torch.int16: 6}
+_C_OPS = {"sum": 0, "avg": 0, "product": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
+#: The most bytes of a tensor that ride in the check's message (``_mpifast``'s PAYLOAD_BYTES).
+_C_PAYLOAD_BYTES = 224
+#: ``_mpifast.checked``'s payload arguments for a check alone.
+_NO_PAYLOAD = (0, 0, -1, 0, 0)
+
+
+def _bind_extension(MPI) -> bool:
+    """Whether ``_mpifast`` is bound to the loaded MPICH library (see the note on the C hot loop); tried once."""
+    if not _BOUND:
+        _BOUND.append(_mpifast is not None and _try_to_bind(MPI))
+    return _BOUND[0]
+
+
+_BOUND: List[bool] = []
+
+
+def _try_to_bind(MPI) -> bool:
+    path = loaded_libmpi()
+    # MPICH's int handles (mpi4py writes a negative one sign-extended to 64 bits, as unsigned).
+    handles = (MPI.COMM_WORLD.handle, MPI.FLOAT.handle, MPI.SUM.handle, MPI.BYTE.handle)
+    ints = all(isinstance(h, int) and (h < 2**31 or h >= 2**64 - 2**31) for h in handles)
+    if path is None or not MPI.Get_library_version().startswith("MPICH") or not ints or \
+            MPI.REQUEST_NULL.handle != 0x2c000000:
+        return False  # another ABI (Open MPI's handles are pointers)
+    try:
+        _mpifast.bind(path, MPI.BYTE.handle)
+    except OSError:
+        return False
+    return True
 
 
 def _wait(request, what, deadline: Optional[float], status=None, orphans=None, keep=None) -> None:
@@ -293,8 +270,19 @@ class MpiBackend(Backend):
         self._in_place = MPI.IN_PLACE
         #: Unfinished requests whose waits raised or whose MpiRequest was dropped: (request, tensors, receive).
         self._orphans: list = []
-        #: (data_ptr, numel, dtype, op) -> (MPI buffer spec, MPI op, divide after): see ``all_reduce``.
+        #: (data_ptr, numel, dtype, op) -> (MPI buffer spec, MPI op, divide after, C arguments): see ``all_reduce``.
         self._specs: dict = {}
+        #: ``_mpifast.allreduce`` or None (see the note on the C hot loop); ``_checked``: ``_mpifast.checked``.
+        # Every rank must check the same way (the check's MPI type differs): the C way only where all can.
+        self._fast = _mpifast.allreduce if comm.allreduce(int(_bind_extension(MPI)), op=MPI.MIN) else None
+        self._checked = _mpifast.checked if self._fast is not None else None
+        self._handle = comm.handle
+        #: The mismatch check's buffer (see ``agree``), made once: [digest, -digest] through mpi4py, or
+        #: ``_mpifast``'s 256-byte stage (a header and a small tensor's bytes).
+        self._agreement = array.array("q", bytes(256))
+        self._agreement_address = self._agreement.buffer_info()[0]
+        self._agreement_spec = self._all_reduce_spec(torch.frombuffer(self._agreement, dtype=torch.int64, count=2),
+                                                     "max", None)
         #: (data_ptr, nbytes) -> byte buffer spec, for point to point.
         self._byte_specs: dict = {}
 
@@ -427,6 +415,38 @@ class MpiBackend(Backend):
     def native_table(cls) -> dict:
         return dict(NATIVE_TABLE)
 
+    # -- the mismatch check -------------------------------------------------------------
+    def agree(self, digest: int, deadline: Optional[float], tensor=None, op=None) -> int:
+        # With _mpifast: one all_reduce of its stage, which carries a small native all_reduce's tensor too
+        # (see the C file: every check has the same MPI type signature, whatever each rank called).  Without:
+        # one MAX all_reduce of [digest, -digest]; the ranks agree when the largest digest is the smallest.
+        # Timed out, the request keeps the buffer (the group is unusable after).
+        both = self._agreement
+        if self._fast is not None:
+            payload = _NO_PAYLOAD
+            if tensor is not None:
+                key = (tensor.data_ptr(), tensor.numel(), tensor.dtype, op)
+                spec = self._specs.get(key)
+                if spec is None:
+                    spec = self._all_reduce_spec(tensor, op, key)
+                if spec[4] is not None:
+                    payload = spec[4]
+            outcome = self._checked(self._handle, self._agreement_address, *payload, digest,
+                                    -1.0 if deadline is None else deadline)
+            if outcome == 0:
+                if payload is _NO_PAYLOAD:
+                    return AGREE
+                if spec[2]:
+                    tensor.div_(self.size)
+                return AGREE_AND_REDUCED
+            if outcome == 1:
+                return DISAGREE
+            self._fast_failed(outcome, "every rank to reach the mismatch check", both)
+        both[0] = digest
+        both[1] = -digest
+        self._run_all_reduce(self._agreement_spec, deadline, "every rank to reach the mismatch check", both)
+        return AGREE if both[0] == -both[1] else DISAGREE
+
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
         # The short path of a small blocking all_reduce: one dictionary lookup finds the MPI buffer
@@ -437,19 +457,50 @@ class MpiBackend(Backend):
         if spec is None:
             spec = self._all_reduce_spec(tensor, op, key)
         if spec[0] is not None:
-            request = self.comm.Iallreduce(self._in_place, spec[0], spec[1])
-            if not request.Test():
-                _wait(request, "MPI Iallreduce", deadline, None, self._orphans, tensor)
+            self._run_all_reduce(spec, deadline, "MPI Iallreduce", tensor)
             if spec[2]:
                 tensor.div_(self.size)
 
+    def _run_all_reduce(self, spec: tuple, deadline: Optional[float], what: str, keep) -> None:
+        """Post the in-place ``MPI_Iallreduce`` that ``spec`` describes and wait for it (in C where bound)."""
+        fast = self._fast
+        if fast is not None and spec[3] is not None:
+            outcome = fast(*spec[3], -1.0 if deadline is None else deadline)
+            if outcome:
+                self._fast_failed(outcome, what, keep)
+            return
+        request = self.comm.Iallreduce(self._in_place, spec[0], spec[1])
+        if not request.Test():
+            _wait(request, what, deadline, None, self._orphans, keep)
+
+    def _fast_failed(self, outcome: tuple, what: str, keep) -> None:
+        """Raise what ``_mpifast.allreduce``'s ``outcome`` says, keeping its posted request (see the notes)."""
+        request = self.MPI.Request.fromhandle(outcome[1])
+        self._orphans.append((request, keep, False))
+        if outcome[0] == 1:
+            raise TimeoutError(what)
+        if outcome[0] == 2:
+            raise PeerFailure(f"{what}: {self.MPI.Get_error_string(outcome[2])}")
+        raise outcome[2]  # what a signal handler raised (KeyboardInterrupt)
+
     def _all_reduce_spec(self, tensor, op, key) -> tuple:
-        """``(buffer spec or None when empty, MPI op, divide after)`` of an all_reduce, remembered under ``key``."""
+        """``(buffer spec or None when empty, MPI op, divide after, C arguments or None, C payload arguments
+        or None)`` of an all_reduce, remembered under ``key`` (``None``: not remembered).  The payload
+        arguments are there when the tensor rides in the mismatch check's message (``agree``): a function
+        of dtype, op and size alone, as ``agree`` requires."""
         if len(self._specs) >= _SPEC_CACHE:
             self._specs.clear()
         numel = tensor.numel()
-        spec = (self._buffer(tensor) if numel else None, self._op(op, tensor.dtype), op == "avg")
-        self._specs[key] = spec
+        buffer, mpi_op = (self._buffer(tensor) if numel else None), self._op(op, tensor.dtype)
+        native = payload = None
+        if _mpifast is not None and buffer is not None and numel <= _INT_MAX:
+            native = (self._handle, tensor.data_ptr(), numel, buffer[2].handle, mpi_op.handle)
+            nbytes = numel * tensor.element_size()
+            if tensor.dtype in _C_KINDS and nbytes <= _C_PAYLOAD_BYTES:
+                payload = (tensor.data_ptr(), nbytes, _C_KINDS[tensor.dtype], _C_OPS[op], numel)
+        spec = (buffer, mpi_op, op == "avg", native, payload)
+        if key is not None:
+            self._specs[key] = spec
         return spec
 
     def broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as td
 
-from ..transport import Backend, Request
+from ..transport import AGREE, DISAGREE, Backend, Request
 
 NATIVE_TABLE = {
     "broadcast": "native",
@@ -75,6 +75,7 @@ class NcclBackend(Backend):
         options._timeout = timeout
         self.pg = td.ProcessGroupNCCL(td.PrefixStore("coll/", store), rank, size, options)
         self.p2p_pg = td.ProcessGroupNCCL(td.PrefixStore("p2p/", store), rank, size, options)
+        self._agreement = torch.zeros(2, dtype=torch.int64, device=device)  # the mismatch check's buffer
         self._ops = {"sum": td.ReduceOp.SUM, "avg": td.ReduceOp.AVG, "product": td.ReduceOp.PRODUCT,
                      "min": td.ReduceOp.MIN, "max": td.ReduceOp.MAX}
 
@@ -137,6 +138,14 @@ class NcclBackend(Backend):
     @staticmethod
     def _movable(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
+
+    def agree(self, digest: int, deadline, tensor=None, op=None) -> int:
+        # [digest, -digest] reduced with MAX on this rank's GPU: equal ranks when the largest is the smallest.
+        both = self._agreement
+        both[0], both[1] = digest, -digest
+        self.all_reduce(both, "max", tag=0, deadline=deadline, segment_bytes=0)
+        highest, negated_lowest = both.tolist()
+        return AGREE if highest == -negated_lowest else DISAGREE
 
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
         if tensor.numel() == 0:

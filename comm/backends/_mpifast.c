@@ -1,0 +1,339 @@
+/* The MPI backend's hot loop in C: post one MPI_Iallreduce and wait for it without burning a core.
+ *
+ * Optional: comm/backends/mpi.py uses it when it imports and binds, and runs the same steps through
+ * mpi4py otherwise.  It reaches the MPI library mpi4py already loaded (bind() is given its path)
+ * through MPICH's ABI, where communicators, datatypes, ops and requests are C ints, MPI_IN_PLACE is
+ * (void *)-1 and MPI_STATUS_IGNORE is (MPI_Status *)1: so no mpi.h is needed to build it.  mpi.py
+ * binds it only to an MPICH library whose handles are ints.
+ *
+ * bind(path, byte_handle) finds MPI_Iallreduce, MPI_Test, ... in the MPICH library at path (loaded
+ * already), makes the mismatch check's type and op once, and returns the stage size in bytes.
+ *
+ * allreduce(comm, address, count, datatype, op, deadline) runs MPI_Iallreduce(MPI_IN_PLACE, address,
+ * ...) and waits as mpi.py's _wait does: MPI_Test for SPIN_S, then MPI_Test with sched_yield in between
+ * until YIELD_PHASE_S, then sleeps of 1/20 of the time waited so far (between FIRST_SLEEP_S and
+ * MAX_SLEEP_S), the GIL released from the first yield on.  deadline is time.monotonic() seconds (the
+ * same clock, CLOCK_MONOTONIC), negative for none.  It returns 0 when done, else a tuple whose request
+ * handle the caller keeps (the request is still posted: MPI may write into the buffer later):
+ *   (1, request)            the deadline passed;
+ *   (2, request, error)     MPI_Test failed with MPI error code `error`;
+ *   (3, request, exception) a signal handler raised (KeyboardInterrupt) while waiting.
+ *
+ * checked(comm, stage, data, nbytes, kind, op, count, digest, deadline) is the mismatch check with a
+ * small all_reduce riding on it.  `stage` is the backend's STAGE_BYTES buffer: a header [digest,
+ * -digest, kind, op, count] and up to PAYLOAD_BYTES of the tensor's bytes (`data`, `nbytes`; kind -1
+ * for the check alone).  It is all-reduced as ONE element of a contiguous STAGE_BYTES type with a
+ * commutative user op (combine, below): every check of every call has this same type signature, so
+ * ranks that called different things still make a valid MPI call (no truncation, nothing written
+ * outside the stage), and an element is never split.  combine keeps the largest digest and the
+ * largest negated digest, and reduces the payloads only where both sides carry one digest; the
+ * ranks agree when the final largest digest equals the smallest.  The user's tensor is written
+ * only then.  Returns 0 (agreed; data reduced when given), 1 (disagreed; data untouched), or the
+ * failure tuples of allreduce.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+#include <sched.h>
+#include <time.h>
+
+#define SPIN_S 20e-6
+#define YIELD_PHASE_S 2e-3
+#define FIRST_SLEEP_S 50e-6
+#define MAX_SLEEP_S 10e-3
+
+typedef int (*iallreduce_fn)(const void *, void *, int, int, int, int, int *);
+typedef int (*test_fn)(int *, int *, void *);
+
+typedef void (*user_fn)(void *, void *, int *, int *);
+typedef int (*op_create_fn)(user_fn, int, int *);
+typedef int (*type_contiguous_fn)(int, int, int *);
+typedef int (*type_commit_fn)(int *);
+
+static iallreduce_fn mpi_iallreduce = NULL;
+static test_fn mpi_test = NULL;
+static int stage_type = 0, stage_op = 0;  /* made once by bind() */
+
+#define PAYLOAD_BYTES 224
+#define STAGE_BYTES (32 + PAYLOAD_BYTES)
+
+typedef struct {
+    int64_t high, negated_low;  /* the largest digest, and the largest negated digest */
+    int32_t kind, op;           /* the payload's element type and reduction (see KINDS and OPS in mpi.py) */
+    int64_t count;              /* elements in the payload */
+    unsigned char payload[PAYLOAD_BYTES];
+} stage_t;
+
+#define REDUCE(T, in, io, n, op)                                                        \
+    do {                                                                                \
+        const T *a = (const T *)(in);                                                   \
+        T *b = (T *)(io);                                                               \
+        switch (op) {                                                                   \
+        case 0: for (int64_t i = 0; i < (n); i++) b[i] = a[i] + b[i]; break;            \
+        case 1: for (int64_t i = 0; i < (n); i++) b[i] = a[i] * b[i]; break;            \
+        case 2: for (int64_t i = 0; i < (n); i++) b[i] = a[i] < b[i] ? a[i] : b[i]; break; \
+        case 3: for (int64_t i = 0; i < (n); i++) b[i] = a[i] > b[i] ? a[i] : b[i]; break; \
+        }                                                                               \
+    } while (0)
+
+/* Integers: sums and products wrap around as MPI's do (computed unsigned: no signed overflow in C). */
+#define INTEGER(T, U, in, io, n, op)                                                    \
+    do {                                                                                \
+        const T *a = (const T *)(in);                                                   \
+        T *b = (T *)(io);                                                               \
+        switch (op) {                                                                   \
+        case 0: for (int64_t i = 0; i < (n); i++) b[i] = (T)((U)a[i] + (U)b[i]); break; \
+        case 1: for (int64_t i = 0; i < (n); i++) b[i] = (T)((U)a[i] * (U)b[i]); break; \
+        case 4: for (int64_t i = 0; i < (n); i++) b[i] = a[i] & b[i]; break;            \
+        case 5: for (int64_t i = 0; i < (n); i++) b[i] = a[i] | b[i]; break;            \
+        case 6: for (int64_t i = 0; i < (n); i++) b[i] = a[i] ^ b[i]; break;            \
+        default: REDUCE(T, in, io, n, op);                                              \
+        }                                                                               \
+    } while (0)
+
+static const int64_t kind_size[] = {4, 8, 4, 8, 1, 1, 2};  /* float32 float64 int32 int64 int8 uint8 int16 */
+
+static void reduce_payload(const stage_t *in, stage_t *io) {
+    int32_t kind = io->kind, op = io->op;
+    int64_t n = io->count;
+    if (kind < 0 || kind > 6 || op < 0 || op > 6 || n < 0 || n > PAYLOAD_BYTES / kind_size[kind])
+        return;  /* a check alone, or a header this build does not know: nothing to reduce */
+    if (kind <= 1 && op > 3)
+        return;
+    switch (kind) {
+    case 0: REDUCE(float, in->payload, io->payload, n, op); break;
+    case 1: REDUCE(double, in->payload, io->payload, n, op); break;
+    case 2: INTEGER(int32_t, uint32_t, in->payload, io->payload, n, op); break;
+    case 3: INTEGER(int64_t, uint64_t, in->payload, io->payload, n, op); break;
+    case 4: INTEGER(int8_t, uint8_t, in->payload, io->payload, n, op); break;
+    case 5: INTEGER(uint8_t, uint8_t, in->payload, io->payload, n, op); break;
+    case 6: INTEGER(int16_t, uint16_t, in->payload, io->payload, n, op); break;
+    }
+}
+
+static void combine(void *in_, void *inout_, int *len, int *datatype) {
+    (void)datatype;
+    for (int e = 0; e < *len; e++) {
+        const stage_t *in = (const stage_t *)in_ + e;
+        stage_t *io = (stage_t *)inout_ + e;
+        int same = in->high == io->high && in->negated_low == io->negated_low;
+        if (in->high > io->high)
+            io->high = in->high;
+        if (in->negated_low > io->negated_low)
+            io->negated_low = in->negated_low;
+        if (same && in->kind == io->kind && in->op == io->op && in->count == io->count)
+            reduce_payload(in, io);
+    }
+}
+
+#define MPI_IN_PLACE_ ((const void *)-1)
+#define MPI_STATUS_IGNORE_ ((void *)1)
+#define MPI_REQUEST_NULL_ 0x2c000000
+/* A request handle as mpi4py writes MPICH's handles (see allreduce), for MPI.Request.fromhandle. */
+#define HANDLE(request) ((unsigned long long)(long long)(request))
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static PyObject *bind(PyObject *self, PyObject *args) {
+    const char *path;
+    unsigned long long byte_handle;
+    if (!PyArg_ParseTuple(args, "sK", &path, &byte_handle))
+        return NULL;
+    void *library = dlopen(path, RTLD_NOW | RTLD_NOLOAD);  /* the copy already loaded, never a second one */
+    if (library == NULL) {
+        PyErr_Format(PyExc_OSError, "%s is not loaded: %s", path, dlerror());
+        return NULL;
+    }
+    iallreduce_fn iallreduce = (iallreduce_fn)dlsym(library, "MPI_Iallreduce");
+    test_fn test = (test_fn)dlsym(library, "MPI_Test");
+    if (iallreduce == NULL || test == NULL) {
+        PyErr_Format(PyExc_OSError, "%s has no MPI_Iallreduce or MPI_Test", path);
+        return NULL;
+    }
+    op_create_fn op_create = (op_create_fn)dlsym(library, "MPI_Op_create");
+    type_contiguous_fn contiguous = (type_contiguous_fn)dlsym(library, "MPI_Type_contiguous");
+    type_commit_fn commit = (type_commit_fn)dlsym(library, "MPI_Type_commit");
+    if (op_create == NULL || contiguous == NULL || commit == NULL) {
+        PyErr_Format(PyExc_OSError, "%s has no MPI_Op_create, MPI_Type_contiguous or MPI_Type_commit", path);
+        return NULL;
+    }
+    if (stage_type == 0) {
+        int type = 0, op = 0;
+        if (contiguous(STAGE_BYTES, (int)(unsigned int)byte_handle, &type) != 0 || commit(&type) != 0 ||
+            op_create(combine, 1, &op) != 0) {
+            PyErr_SetString(PyExc_OSError, "could not create the mismatch check's MPI type and op");
+            return NULL;
+        }
+        stage_type = type;
+        stage_op = op;
+    }
+    mpi_iallreduce = iallreduce;
+    mpi_test = test;
+    return PyLong_FromLong(STAGE_BYTES);
+}
+
+/* 0: done; 1: deadline; 2: MPI error (*error set); 3: a signal handler raised (Python error set). */
+static int wait_request(int *request, double deadline, int *error) {
+    int done = 0;
+    double start = now(), t = start;
+    while (t - start < SPIN_S) {
+        if ((*error = mpi_test(request, &done, MPI_STATUS_IGNORE_)) != 0)
+            return 2;
+        if (done)
+            return 0;
+        t = now();
+    }
+    int outcome = 0;
+    PyThreadState *state = PyEval_SaveThread();
+    for (;;) {
+        if (deadline >= 0 && t > deadline) {
+            outcome = 1;
+            break;
+        }
+        double waited = t - start;
+        if (waited < YIELD_PHASE_S) {
+            sched_yield();  /* hands the core to any runnable rank; returns at once on an idle core */
+        } else {
+            double pause = waited / 20;
+            pause = pause < FIRST_SLEEP_S ? FIRST_SLEEP_S : pause > MAX_SLEEP_S ? MAX_SLEEP_S : pause;
+            struct timespec sleep = {0, (long)(pause * 1e9)};
+            nanosleep(&sleep, NULL);
+            PyEval_RestoreThread(state);  /* a long wait stays interruptible (Ctrl-C on the main thread) */
+            int raised = PyErr_CheckSignals();
+            state = PyEval_SaveThread();
+            if (raised) {
+                outcome = 3;
+                break;
+            }
+        }
+        if ((*error = mpi_test(request, &done, MPI_STATUS_IGNORE_)) != 0) {
+            outcome = 2;
+            break;
+        }
+        if (done)
+            break;
+        t = now();
+    }
+    PyEval_RestoreThread(state);
+    return outcome;
+}
+
+/* Post MPI_Iallreduce(MPI_IN_PLACE, address, ...) and wait.  Returns 1 when done; 0 with *failure set to
+ * the failure's new tuple (see the module comment), or to NULL when building it raised. */
+static int run(void *address, int count, int datatype, int op, int comm, double deadline, PyObject **failure) {
+    int request = MPI_REQUEST_NULL_, done = 0, error, outcome;
+    if ((error = mpi_iallreduce(MPI_IN_PLACE_, address, count, datatype, op, comm, &request)) != 0) {
+        *failure = Py_BuildValue("(iKi)", 2, HANDLE(request), error);
+        return 0;
+    }
+    if ((error = mpi_test(&request, &done, MPI_STATUS_IGNORE_)) != 0) {
+        *failure = Py_BuildValue("(iKi)", 2, HANDLE(request), error);
+        return 0;
+    }
+    if (done || (outcome = wait_request(&request, deadline, &error)) == 0)
+        return 1;
+    if (outcome == 1) {
+        *failure = Py_BuildValue("(iK)", 1, HANDLE(request));
+    } else if (outcome == 2) {
+        *failure = Py_BuildValue("(iKi)", 2, HANDLE(request), error);
+    } else {
+        PyObject *kind, *exception, *traceback;
+        PyErr_Fetch(&kind, &exception, &traceback);
+        PyErr_NormalizeException(&kind, &exception, &traceback);
+        if (traceback != NULL)
+            PyException_SetTraceback(exception, traceback);
+        *failure = Py_BuildValue("(iKO)", 3, HANDLE(request), exception);
+        Py_XDECREF(kind);
+        Py_XDECREF(exception);
+        Py_XDECREF(traceback);
+    }
+    return 0;
+}
+
+/* mpi4py gives MPICH's int handles sign-extended to 64 bits, as unsigned: the low 32 bits are the handle. */
+static int handle(PyObject *value) { return (int)(unsigned int)PyLong_AsUnsignedLongLongMask(value); }
+
+static int bound(void) {
+    if (mpi_iallreduce != NULL)
+        return 1;
+    PyErr_SetString(PyExc_RuntimeError, "_mpifast.bind() was not called");
+    return 0;
+}
+
+static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "allreduce(comm, address, count, datatype, op, deadline)");
+        return NULL;
+    }
+    if (!bound())
+        return NULL;
+    int comm = handle(args[0]), datatype = handle(args[3]), op = handle(args[4]);
+    void *address = PyLong_AsVoidPtr(args[1]);
+    int count = (int)PyLong_AsLong(args[2]);
+    double deadline = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *failure = NULL;
+    if (run(address, count, datatype, op, comm, deadline, &failure))
+        return PyLong_FromLong(0);
+    return failure;
+}
+
+static PyObject *checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "checked(comm, stage, data, nbytes, kind, op, count, digest, deadline)");
+        return NULL;
+    }
+    if (!bound())
+        return NULL;
+    int comm = handle(args[0]);
+    stage_t *stage = (stage_t *)PyLong_AsVoidPtr(args[1]);
+    unsigned char *data = (unsigned char *)PyLong_AsVoidPtr(args[2]);
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[3]);
+    long kind = PyLong_AsLong(args[4]), op = PyLong_AsLong(args[5]);
+    long long count = PyLong_AsLongLong(args[6]), digest = PyLong_AsLongLong(args[7]);
+    double deadline = PyFloat_AsDouble(args[8]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (nbytes < 0 || nbytes > PAYLOAD_BYTES || (nbytes > 0 && data == NULL)) {
+        PyErr_Format(PyExc_ValueError, "checked: %zd bytes do not fit the %d-byte payload", nbytes, PAYLOAD_BYTES);
+        return NULL;
+    }
+    stage->high = digest;
+    stage->negated_low = -digest;
+    stage->kind = (int32_t)(nbytes > 0 ? kind : -1);
+    stage->op = (int32_t)op;
+    stage->count = count;
+    if (nbytes > 0)
+        memcpy(stage->payload, data, (size_t)nbytes);
+    PyObject *failure = NULL;
+    if (!run(stage, 1, stage_type, stage_op, comm, deadline, &failure))
+        return failure;
+    if (stage->high != -stage->negated_low)
+        return PyLong_FromLong(1);
+    if (nbytes > 0)
+        memcpy(data, stage->payload, (size_t)nbytes);
+    return PyLong_FromLong(0);
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS,
+     "bind(path, MPI_BYTE handle): take MPI's functions from the loaded MPICH library at path; the stage's size"},
+    {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
+     "allreduce(comm, address, count, datatype, op, deadline) -> 0 or (kind, request[, detail]); see the module"},
+    {"checked", (PyCFunction)(void (*)(void))checked, METH_FASTCALL,
+     "checked(comm, stage, data, nbytes, kind, op, count, digest, deadline) -> 0 agreed, 1 not, or a failure"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_mpifast",
+                                    "The MPI backend's hot loop (an optional C extension).", -1, methods};
+
+PyMODINIT_FUNC PyInit__mpifast(void) { return PyModule_Create(&module); }

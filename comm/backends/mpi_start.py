@@ -1,0 +1,96 @@
+"""Starting MPI for zerocomm: ``MPI_Init_thread`` with a deadline, and ``MPI_Abort`` on an uncaught exception.
+
+Called once, by ``init_process_group("mpi")``, before the MPI backend (``mpi.py``) makes its
+communicator; nothing here is on a collective's path.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+
+def _mpi():
+    from mpi4py import MPI  # imported lazily: `import zerocomm.comm` must not need mpi4py
+    return MPI
+
+
+def loaded_libmpi() -> Optional[str]:
+    """The path of the MPI library this process has loaded (mpi4py's), or ``None``."""
+    with open("/proc/self/maps") as maps:
+        return next((line.split()[-1] for line in maps if "/libmpi" in line and ".so" in line), None)
+
+
+# -- init with a deadline, and abort on an uncaught exception (see docs/failures.md) ------------------------
+
+def init_mpi_within(seconds: float) -> None:
+    """Initialize MPI (``MPI_THREAD_MULTIPLE``) unless it is, raising ``CommTimeoutError`` after ``seconds``.
+
+    ``MPI_Init`` waits for every rank of the job to start, forever, and mpi4py calls it without
+    releasing the GIL; so it is called here through ``ctypes`` (which releases it) on a daemon
+    thread, and this thread waits with the deadline.  A rank that never starts then makes the
+    others fail by the deadline instead of hanging in init.  Also installs the abort hook.
+    """
+    if "mpi4py.MPI" not in sys.modules:
+        try:
+            import mpi4py
+        except ImportError:
+            return  # mpi_available() says why
+        mpi4py.rc.initialize = False  # zerocomm initializes, below; mpi4py still finalizes at exit
+        mpi4py.rc.finalize = True
+        mpi4py.rc.thread_level = "multiple"
+    try:
+        MPI = _mpi()
+    except Exception:
+        return  # mpi_available() says why
+    if not MPI.Is_initialized():
+        _init_thread_multiple(MPI, seconds)
+    _install_abort_hook()
+
+
+def _init_thread_multiple(MPI, seconds: float) -> None:
+    import ctypes
+
+    from ..errors import CommError, CommTimeoutError
+    path = loaded_libmpi()
+    if path is None:  # no loaded library to call: mpi4py's own call, without a deadline
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        return
+    library = ctypes.CDLL(path)
+    provided = ctypes.c_int(-1)
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(library.MPI_Init_thread(
+        None, None, MPI.THREAD_MULTIPLE, ctypes.byref(provided))), name="zerocomm-mpi-init", daemon=True)
+    start = time.monotonic()
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMIX_RANK")
+        raise CommTimeoutError(
+            f"rank {rank if rank is not None else '?'}: init_process_group('mpi') timed out after "
+            f"{(time.monotonic() - start) * 1000:.0f} ms (deadline {seconds * 1000:.0f} ms) in MPI_Init: not every "
+            "rank of the MPI job started MPI (a rank that crashed or hangs before init_process_group)")
+    if outcome != [0]:
+        raise CommError(f"init_process_group('mpi'): MPI_Init_thread failed with error code {outcome}")
+
+
+def _install_abort_hook() -> None:
+    """Make an uncaught exception end the whole MPI job (``MPI_Abort``) instead of leaving the other ranks
+    waiting for this one until their deadline; the previous ``sys.excepthook`` runs first (it prints)."""
+    if getattr(sys.excepthook, "zerocomm_mpi_abort", False):
+        return
+    previous = sys.excepthook
+
+    def abort_on_uncaught(kind, value, traceback) -> None:
+        previous(kind, value, traceback)
+        MPI = _mpi()
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            sys.stderr.write(f"zerocomm: uncaught {kind.__name__} on MPI rank {MPI.COMM_WORLD.Get_rank()}: "
+                             "calling MPI_Abort so that the other ranks do not wait for this one\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)
+
+    abort_on_uncaught.zerocomm_mpi_abort = True
+    sys.excepthook = abort_on_uncaught

@@ -1,0 +1,55 @@
+"""Which blocking all_reduce calls may take the short path, decided once per cell.
+
+``validate.short_all_reduce`` runs a blocking SUM all_reduce of a dense CPU tensor straight
+through ``Group.run_short``, skipping the call record, when an earlier call of the same cell
+(group, requested algorithm, dtype) went through the full checks.  :func:`remember` is where
+a cell is admitted, from the full path's first call; ``Group.short`` holds the answer and is
+emptied when the configuration changes.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import select
+from .algorithms import ALGORITHMS
+from .group import WORLD, Group
+
+
+def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
+    """Let SUM all_reduce calls of ``dtype`` with ``algorithm=requested`` on ``g`` take the short path.
+
+    Only where the full path would do nothing more than run the algorithm, with the default mismatch
+    check (``run_short`` runs that check too): a CPU group, no debug fingerprint (debug all-gathers whole
+    fingerprints), no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
+    elements of ``dtype`` (one unbounded row for an explicit algorithm): ``(most elements, function,
+    check)``, where ``check`` is ``(hash of the cell, cell, native)`` for ``Group.run_short``, or ``None``
+    when the check is off or the row's algorithm is shared memory (checked only in debug mode, as in
+    ``Group.execute``).
+    """
+    from .validate import fingerprint_cell, _selection_logged  # validate imports this module first
+    config = WORLD.config
+    if config.debug or not g.on_cpu or _selection_logged():
+        return
+    choice = config.algorithm if requested is None else requested
+    rule = select.rule(g.backend_type, g.size(), "all_reduce", dtype, "sum", choice,
+                       getattr(g.communicator, "_zerocomm_one_host", None))  # as choose_algorithm reads it
+    if rule.refusal is not None:
+        return
+    native = g.backend_type.NATIVE
+
+    def row(max_numel: int, algorithm: str) -> tuple:
+        function = native["all_reduce"] if algorithm == "native" else ALGORITHMS[("all_reduce", algorithm)]
+        check = None
+        if config.check and algorithm != "shm" and g.size() > 1:
+            cell = fingerprint_cell("all_reduce", "sum", dtype, -1, algorithm)
+            check = (hash(cell), cell, algorithm == "native")
+        return (max_numel, function, check)
+
+    if rule.rows is None:
+        rows = (row(select.UNBOUNDED, rule.algorithm),)
+    else:
+        rows = tuple(row(max_bytes // dtype.itemsize, algorithm) for max_bytes, algorithm in rule.rows)
+    g.short_segment_bytes = config.segment_bytes
+    g.short[(requested, dtype)] = rows
