@@ -183,9 +183,8 @@ class Group(ProcessGroupMethods):
         deadline = start + seconds
         config = WORLD.config
         try:
-            # The default check is one backend round trip; a shared-memory call is far shorter than that, so
-            # it is checked only in debug mode (a check through its own shared slots is the next step).
-            if config.debug or (config.check and call.algorithm != "shm"):
+            # The default check: one backend round trip, or one sync through the segment for "shm" calls.
+            if config.debug or config.check:
                 from .validate import cross_check  # validate imports this module: a late import
                 if cross_check(call, tag, deadline, config.debug):  # the all_reduce rode in the check
                     call = call._replace(function=_already_done)
@@ -213,7 +212,7 @@ class Group(ProcessGroupMethods):
         this thread, if nothing else needs doing first; return False (nothing done) when the call must take
         ``run``'s path: another thread holds the group, calls are queued, the group failed or was destroyed,
         or observers or the profiler watch calls.  ``validate.short_all_reduce`` checked the tensor.
-        ``check`` is ``(hash of the cell, cell, native)`` for the mismatch check (``None``: no check), as
+        ``check`` is ``(hash of the cell, cell, native, shm)`` for the mismatch check (``None``: no check), as
         ``execute`` checks; a native all_reduce may ride in the check's message (``Backend.agree``).
 
         It is ``run`` + ``execute`` for that case, without building a call record: the same order (a tag
@@ -232,8 +231,13 @@ class Group(ProcessGroupMethods):
             try:
                 if check is not None:
                     numel = tensor.numel()
-                    agreed = self.communicator.agree(digest(tag, numel, check[0]), deadline,
-                                                     tensor if check[2] else None, op)
+                    if check[3]:  # a shared-memory call: checked through the segment
+                        from .shm import same_call
+                        agreed = same_call(self.communicator, digest(tag, numel, check[0]), tag=tag,
+                                           deadline=deadline)
+                    else:
+                        agreed = self.communicator.agree(digest(tag, numel, check[0]), deadline,
+                                                         tensor if check[2] else None, op)
                     if agreed == AGREE_AND_REDUCED:
                         return True
                     if not agreed:

@@ -94,6 +94,7 @@ _ARRIVE, _SLEEPING, _PID, _PIDNS = 0, 1, 2, 3
 _PER_CALL = 2  # i64 index within the line where the per-call words start (byte 16)
 PER_CALL_WORDS = 4
 _PROBE, _READABLE = _PER_CALL + 2 * PER_CALL_WORDS, _PER_CALL + 2 * PER_CALL_WORDS + 1  # i64 indices
+_DIGEST = _READABLE + 1  # i64 index of the mismatch check's two digest words (bytes 96-111 of the line)
 
 _FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -293,6 +294,7 @@ class Arena:
         self.step = 0
         self.round = 0
         self.calls = 0
+        self.checks = 0  # mismatch checks run (``same_call``): picks its digest word
         #: Whether large all_reduce calls read peers' tensors with ``process_vm_readv`` (``agree`` sets it).
         self.cross_memory = False
         self._views: dict = {}
@@ -379,6 +381,20 @@ class Arena:
     def peer_word(self, parity: int, p: int, index: int) -> int:
         """Rank ``p``'s per-call word ``index`` (after the call's first sync, before its second)."""
         return self._i64[p * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS + index]
+
+    def same_call(self, digest: int, deadline: Optional[float]) -> bool:
+        """The mismatch check through shared memory: whether every rank's ``digest`` (``group.digest`` of its
+        call) equals this rank's.  Every rank calls it before the call's schedule: one sync, so the ranks
+        stay in step whatever the answer, and no schedule has touched a slot when they disagree.
+
+        Each rank writes its digest into one of two words (calls alternate) before it arrives; a peer can
+        be at most one check ahead, and then writes the other word, so what is read here is stable.
+        """
+        self.checks += 1
+        index = self.rank * (LINE // 8) + _DIGEST + (self.checks & 1)
+        self._i64[index] = digest
+        self.sync(deadline, "the mismatch check")
+        return all(self._i64[p * (LINE // 8) + _DIGEST + (self.checks & 1)] == digest for p in self._peers)
 
     # -- steps ------------------------------------------------------------------------------------
     def sync(self, deadline: Optional[float], what: str) -> None:
@@ -492,6 +508,11 @@ def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
     made.agree(deadline)
     _home(t)._zerocomm_shm = made
     return made
+
+
+def same_call(t: Transport, digest: int, *, tag: int, deadline: Optional[float]) -> bool:
+    """The mismatch check of a shared-memory call (:meth:`Arena.same_call`); every rank of ``t`` calls it."""
+    return arena(t, tag=tag, deadline=deadline).same_call(digest, deadline)
 
 
 # -- heaps: tensors that live in shared memory from the start -------------------------------------------

@@ -24,9 +24,8 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     check (``run_short`` runs that check too): a CPU group, no debug fingerprint (debug all-gathers whole
     fingerprints), no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
     elements of ``dtype`` (one unbounded row for an explicit algorithm): ``(most elements, function,
-    check)``, where ``check`` is ``(hash of the cell, cell, native)`` for ``Group.run_short``, or ``None``
-    when the check is off or the row's algorithm is shared memory (checked only in debug mode, as in
-    ``Group.execute``).
+    check)``, where ``check`` is ``(hash of the cell, cell, native, shm)`` for ``Group.run_short`` (a
+    shared-memory row is checked through the segment), or ``None`` when the check is off.
     """
     from .validate import fingerprint_cell, _selection_logged  # validate imports this module first
     config = WORLD.config
@@ -42,9 +41,9 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     def row(max_numel: int, algorithm: str) -> tuple:
         function = native["all_reduce"] if algorithm == "native" else ALGORITHMS[("all_reduce", algorithm)]
         check = None
-        if config.check and algorithm != "shm" and g.size() > 1:
+        if config.check and g.size() > 1:
             cell = fingerprint_cell("all_reduce", "sum", dtype, -1, algorithm)
-            check = (hash(cell), cell, algorithm == "native")
+            check = (hash(cell), cell, algorithm == "native", algorithm == "shm")
         return (max_numel, function, check)
 
     if rule.rows is None:

@@ -553,8 +553,14 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
     if not full:
         rides = call.collective == "all_reduce" and call.algorithm == "native" and call.options is None
         try:
-            agreed = group.communicator.agree(digest(tag, call.numel, hash(cell)), deadline,
-                                              call.args[0] if rides else None, call.op)
+            code = digest(tag, call.numel, hash(cell))
+            if call.algorithm == "shm" and getattr(group.communicator, "_zerocomm_one_host", False):
+                # checked through the shared segment: no backend round trip (across hosts, shm calls refuse
+                # or, as shared_empty, fall back: the backend checks them)
+                from .shm import same_call
+                agreed = same_call(group.communicator, code, tag=tag, deadline=deadline)
+            else:
+                agreed = group.communicator.agree(code, deadline, call.args[0] if rides else None, call.op)
             if agreed:
                 return agreed == AGREE_AND_REDUCED
         except TimeoutError as error:

@@ -23,20 +23,12 @@ from pathlib import Path
 
 import torch
 
+from support.faults import caught  # run as ``-m support.link_down``
+
 #: Seconds the world's init may take (the ranks of both hosts start one by one on two cores).
 INIT_TIMEOUT_S = 60.0
 #: A rank that never sees the fault stops looping after this many seconds (the test then fails).
 GIVE_UP_S = 60.0
-
-
-def _error(call) -> list:
-    import zerocomm.comm as dist
-    start = time.monotonic()
-    try:
-        call()
-    except dist.CommError as error:
-        return [type(error).__name__, time.monotonic() - start, str(error)]
-    return ["none", time.monotonic() - start, ""]
 
 
 def main() -> int:
@@ -69,7 +61,7 @@ def main() -> int:
             break
         calls += 1
         wrong += not ok
-    again = _error(lambda: dist.all_reduce(torch.ones(1), group=group))
+    again = caught(lambda: dist.all_reduce(torch.ones(1), group=group))
     answer = {"rank": rank, "pid": os.getpid(), "hostname": socket.gethostname(), "calls": calls,
               "wrong": wrong, "first": first, "again": again}
     (folder / f"answer{rank}.json").write_text(json.dumps(answer))

@@ -168,7 +168,7 @@ class LocalTransport(Transport):
             return None
         return LocalTransport(self.fabric.sub_fabric(key, len(ranks)), ranks.index(self.rank))
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
         pass
 
 
