@@ -383,13 +383,9 @@ class Arena:
         return self._i64[p * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS + index]
 
     def same_call(self, digest: int, deadline: Optional[float]) -> bool:
-        """The mismatch check through shared memory: whether every rank's ``digest`` (``group.digest`` of its
-        call) equals this rank's.  Every rank calls it before the call's schedule: one sync, so the ranks
-        stay in step whatever the answer, and no schedule has touched a slot when they disagree.
-
-        Each rank writes its digest into one of two words (calls alternate) before it arrives; a peer can
-        be at most one check ahead, and then writes the other word, so what is read here is stable.
-        """
+        """Whether every rank's ``digest`` (``group.digest`` of its call) equals this rank's; every rank calls
+        it before the call's schedule.  One sync: the ranks stay in step whatever the answer.  Digest words
+        alternate by call, and a peer is at most one check ahead, so the word read here is stable."""
         self.checks += 1
         index = self.rank * (LINE // 8) + _DIGEST + (self.checks & 1)
         self._i64[index] = digest
