@@ -17,7 +17,7 @@ from .process_group import (GroupMember, configure, destroy_process_group, get_b
                             get_global_rank, get_group_rank, get_rank, get_world_size, group, init_process_group,
                             is_available, is_initialized, new_group, set_default_algorithm, which_algorithm)
 from .reduce_op import ReduceOp
-from .shm import shared_empty
+from .shm_heap import shared_empty
 from .work import Work
 from . import compat as _compat
 from .compat import *  # noqa: F401,F403  (the rest of torch.distributed's names; see compat.__all__)

@@ -25,8 +25,9 @@ from typing import Dict, List, Optional
 
 import torch
 
+from . import shm
 from .config import CommConfig
-from .errors import CommError, CommTimeoutError, NotInitializedError, PeerError
+from .errors import CollectiveMismatchError, CommError, CommTimeoutError, NotInitializedError, PeerError
 from .group_methods import ProcessGroupMethods
 from .transport import AGREE_AND_REDUCED, USER_TAG_LIMIT, Backend, PeerFailure
 from .work import Work
@@ -183,7 +184,8 @@ class Group(ProcessGroupMethods):
         deadline = start + seconds
         config = WORLD.config
         try:
-            # The default check: one backend round trip, or one sync through the segment for "shm" calls.
+            # The default check: one backend round trip; for "shm" calls it is armed here and rides in the
+            # call's first sync through the segment (settled below if the call never synced).
             if config.debug or config.check:
                 from .validate import cross_check  # validate imports this module: a late import
                 if cross_check(call, tag, deadline, config.debug):  # the all_reduce rode in the check
@@ -199,10 +201,14 @@ class Group(ProcessGroupMethods):
                               segment_bytes=config.segment_bytes)
             else:
                 self._call(call, tag, deadline, config.segment_bytes)
+            if call.algorithm == "shm":
+                shm.settle(self.communicator, deadline)
         except TimeoutError as error:
             raise self._timed_out(call.collective, seconds, error, start) from None
         except PeerFailure as failure:
             raise self._peer_failed(call.collective, failure) from None
+        except shm.CallMismatch as mismatch:
+            self._mismatched(call.collective, mismatch.fingerprint, deadline, seconds, start)
         if call.copy_out:
             for source, destination in call.copy_out:
                 destination.copy_(source.view(destination.shape))
@@ -229,29 +235,49 @@ class Group(ProcessGroupMethods):
             start = time.monotonic()
             deadline = start + self._timeout_s
             try:
-                if check is not None:
+                if check is None:
+                    function(self.communicator, tensor, op, tag=tag, deadline=deadline,
+                             segment_bytes=self.short_segment_bytes)
+                elif check[3]:  # a shared-memory call: its check rides in the call's first sync
                     numel = tensor.numel()
-                    if check[3]:  # a shared-memory call: checked through the segment
-                        from .shm import same_call
-                        agreed = same_call(self.communicator, digest(tag, numel, check[0]), tag=tag,
-                                           deadline=deadline)
-                    else:
-                        agreed = self.communicator.agree(digest(tag, numel, check[0]), deadline,
-                                                         tensor if check[2] else None, op)
+                    shm.expect(self.communicator, digest(tag, numel, check[0]), (tag, numel, *check[1]), tag=tag,
+                               deadline=deadline)
+                    function(self.communicator, tensor, op, tag=tag, deadline=deadline,
+                             segment_bytes=self.short_segment_bytes)
+                    shm.settle(self.communicator, deadline)
+                else:
+                    numel = tensor.numel()
+                    agreed = self.communicator.agree(digest(tag, numel, check[0]), deadline,
+                                                     tensor if check[2] else None, op)
                     if agreed == AGREE_AND_REDUCED:
                         return True
                     if not agreed:
                         from .validate import name_mismatch  # the rare path: a late import
                         name_mismatch(self, (tag, numel, *check[1]), deadline)
-                function(self.communicator, tensor, op, tag=tag, deadline=deadline,
-                         segment_bytes=self.short_segment_bytes)
+                    function(self.communicator, tensor, op, tag=tag, deadline=deadline,
+                             segment_bytes=self.short_segment_bytes)
             except TimeoutError as error:
                 raise self._timed_out("all_reduce", self._timeout_s, error, start) from None
             except PeerFailure as failure:
                 raise self._peer_failed("all_reduce", failure) from None
+            except shm.CallMismatch as mismatch:
+                self._mismatched("all_reduce", mismatch.fingerprint, deadline, self._timeout_s, start)
         finally:
             lock.release()
         return True
+
+    def _mismatched(self, collective: str, fingerprint: tuple, deadline: float, seconds: float, start: float):
+        """An "shm" call's check failed in its first sync, on every rank at once: every rank all-gathers the
+        fingerprints over the backend to raise ``CollectiveMismatchError`` naming the ranks that differ."""
+        from .validate import name_mismatch  # the rare path: a late import
+        try:
+            name_mismatch(self, fingerprint, deadline)
+        except TimeoutError as error:
+            raise self._timed_out(collective, seconds, error, start) from None
+        except CollectiveMismatchError as error:
+            raise error from None  # not "during handling of CallMismatch"
+        raise CollectiveMismatchError(f"rank {self.my_global_rank}: {collective} on {self.describe()}: the ranks' "
+                                      f"call digests differed")
 
     def _timed_out(self, collective: str, seconds: float, error: TimeoutError, start: float) -> CommError:
         # The time stated is the time this call waited, measured, with the deadline beside it.

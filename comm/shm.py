@@ -42,9 +42,8 @@ into a slot first: one pass over memory fewer, as for tensors from :func:`shared
 every rank can is agreed once, when the arena is made (``Arena.agree``), so all ranks take the same
 schedule; ``CROSS_MEMORY = False`` turns it off.
 
-*Heaps* are segments for tensors that live in shared memory from the start
-(:func:`shared_empty`): all ranks of a group allocate one together, each gets its own region,
-and a zero-copy "shm" all_reduce reads peers' regions in place instead of copying them in.
+*Heaps* (``shm_heap.py``) are segments for tensors that live in shared memory from the start;
+they are kept on the backend object beside the arena and forgotten with it (:func:`release`).
 """
 from __future__ import annotations
 
@@ -56,7 +55,7 @@ import secrets
 import select
 import threading
 import time
-from typing import NamedTuple, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -164,7 +163,7 @@ def _pid_namespace() -> int:
         return 0
 
 
-def _aligned(nbytes: int) -> int:
+def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
@@ -272,6 +271,15 @@ def check_one_host(t: Transport, *, tag: int, deadline: Optional[float], what: s
 
 # -- the arena --------------------------------------------------------------------------------------
 
+class CallMismatch(Exception):
+    """A shared-memory call's digest differed from a peer's (raised on every rank, at the same sync);
+    ``fingerprint`` is this rank's, for naming the ranks that differ."""
+
+    def __init__(self, fingerprint: tuple):
+        super().__init__(fingerprint)
+        self.fingerprint = fingerprint
+
+
 class Arena:
     """The shared segment of one communicator; see the module notes.  Not thread-safe: the group runs
     one collective at a time.
@@ -290,11 +298,12 @@ class Arena:
         self._u32 = memoryview(mm)[:n * LINE].cast("I")
         self._i64 = memoryview(mm)[:n * LINE].cast("q")
         self._base = self.raw.data_ptr()
-        self._data = _aligned(n * LINE)
+        self._data = aligned(n * LINE)
         self.step = 0
         self.round = 0
         self.calls = 0
-        self.checks = 0  # mismatch checks run (``same_call``): picks its digest word
+        self.checks = 0  # mismatch checks run: picks the digest word (they alternate)
+        self._expected: Optional[tuple] = None  # (digest, fingerprint) of an armed check (``expect``)
         #: Whether large all_reduce calls read peers' tensors with ``process_vm_readv`` (``agree`` sets it).
         self.cross_memory = False
         self._views: dict = {}
@@ -309,7 +318,7 @@ class Arena:
 
     @staticmethod
     def nbytes(n: int, slot_bytes: int) -> int:
-        return _aligned(n * LINE) + 3 * n * slot_bytes
+        return aligned(n * LINE) + 3 * n * slot_bytes
 
     # -- slots ------------------------------------------------------------------------------------
     def slot(self, k: int, p: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
@@ -382,19 +391,30 @@ class Arena:
         """Rank ``p``'s per-call word ``index`` (after the call's first sync, before its second)."""
         return self._i64[p * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS + index]
 
-    def same_call(self, digest: int, deadline: Optional[float]) -> bool:
-        """Whether every rank's ``digest`` (``group.digest`` of its call) equals this rank's; every rank calls
-        it before the call's schedule.  One sync: the ranks stay in step whatever the answer.  Digest words
-        alternate by call, and a peer is at most one check ahead, so the word read here is stable."""
-        self.checks += 1
-        index = self.rank * (LINE // 8) + _DIGEST + (self.checks & 1)
-        self._i64[index] = digest
-        self.sync(deadline, "the mismatch check")
-        return all(self._i64[p * (LINE // 8) + _DIGEST + (self.checks & 1)] == digest for p in self._peers)
+    def expect(self, digest: int, fingerprint: tuple) -> None:
+        """Arm the mismatch check of the call about to run (every rank, before its schedule): the call's
+        first sync also compares ``digest`` (``group.digest`` of its call) with every peer's, and raises
+        :class:`CallMismatch` carrying ``fingerprint`` on every rank if any differs.  Every schedule syncs
+        before it reads a peer's byte, so the check costs no sync of its own; a call that never synced
+        (nothing to move) runs it in :meth:`settle`."""
+        self._expected = (digest, fingerprint)
+
+    def settle(self, deadline: Optional[float]) -> None:
+        """After the call: run the armed check if the call's schedule did not."""
+        if self._expected is not None:
+            self.sync(deadline, "the mismatch check")
 
     # -- steps ------------------------------------------------------------------------------------
     def sync(self, deadline: Optional[float], what: str) -> None:
-        """Barrier of all ranks through the step words: store the next step, wait for every peer's."""
+        """Barrier of all ranks through the step words: store the next step, wait for every peer's.
+        With a check armed (``expect``) it also compares the ranks' digests: the digest word alternates
+        by check, and a peer is at most one check ahead, so the word read here is stable."""
+        expected = self._expected
+        if expected is not None:
+            self._expected = None
+            self.checks += 1
+            word = _DIGEST + (self.checks & 1)
+            self._i64[self.rank * (LINE // 8) + word] = expected[0]
         step = self.step = (self.step + 1) & _MASK
         u32 = self._u32
         me = self.rank * _WORDS
@@ -407,6 +427,10 @@ class Arena:
         for p in self._peers:
             if (u32[p * _WORDS] - step) & _MASK >= 0x80000000:  # not reached yet
                 self._wait_for(p, step, deadline, what)
+        if expected is not None and any(self._i64[p * (LINE // 8) + word] != expected[0] for p in self._peers):
+            # Every rank stops here, at the same step: start the next call's rounds and parity in step.
+            self.calls = self.round = 0
+            raise CallMismatch(expected[1])
 
     def _reached(self, p: int, step: int) -> bool:
         return ((self._u32[p * _WORDS + _ARRIVE] - step) & _MASK) < 0x80000000
@@ -484,7 +508,7 @@ class Arena:
         self._numpy.clear()
 
 
-def _home(t: Transport) -> Transport:
+def home(t: Transport) -> Transport:
     """The backend object itself: a wrapper that delegates to one (the byte counter's ``_inner``) must not
     keep an arena of its own, or observed and unobserved calls would use different segments."""
     return t.__dict__.get("_inner", t)
@@ -502,58 +526,21 @@ def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
     mm = map_together(t, Arena.nbytes(t.size, SLOT_BYTES), tag=tag, deadline=deadline)
     made = Arena(mm, t.size, t.rank, SLOT_BYTES)
     made.agree(deadline)
-    _home(t)._zerocomm_shm = made
+    home(t)._zerocomm_shm = made
     return made
 
 
-def same_call(t: Transport, digest: int, *, tag: int, deadline: Optional[float]) -> bool:
-    """The mismatch check of a shared-memory call (:meth:`Arena.same_call`); every rank of ``t`` calls it."""
-    return arena(t, tag=tag, deadline=deadline).same_call(digest, deadline)
+def expect(t: Transport, digest: int, fingerprint: tuple, *, tag: int, deadline: Optional[float]) -> None:
+    """Arm the mismatch check of a shared-memory call (:meth:`Arena.expect`); every rank of ``t`` calls it
+    before the call, and :func:`settle` after it."""
+    arena(t, tag=tag, deadline=deadline).expect(digest, fingerprint)
 
 
-# -- heaps: tensors that live in shared memory from the start -------------------------------------------
-
-class Heap(NamedTuple):
-    """One segment of ``n`` regions of ``stride`` bytes; region ``p`` belongs to rank ``p``."""
-
-    raw: torch.Tensor
-    stride: int
-
-
-def allocate_heap(t: Transport, nbytes: int, *, tag: int, deadline: Optional[float]) -> Optional[torch.Tensor]:
-    """This rank's ``nbytes``-byte uint8 region of a new heap of ``t`` (every rank calls it together), or
-    ``None`` when the ranks are not all on one host."""
-    names = topology.hosts(t, tag=tag, deadline=deadline)
-    if len(set(names)) > 1:
-        return None
-    stride = _aligned(max(nbytes, 1))
-    mm = map_together(t, t.size * stride, tag=tag, deadline=deadline)
-    heap = Heap(torch.frombuffer(mm, dtype=torch.uint8), stride)
-    heaps = _home(t).__dict__.setdefault("_zerocomm_heaps", [])
-    heaps.append(heap)
-    start = t.rank * stride
-    return heap.raw[start:start + nbytes]
-
-
-def heap_slot(t: Transport, tensor: torch.Tensor) -> tuple[int, int]:
-    """``(heap index, byte offset)`` of ``tensor``'s data in this rank's region of a heap of ``t``, or ``(-1, 0)``."""
-    heaps = getattr(t, "_zerocomm_heaps", None)
-    if not heaps:
-        return -1, 0
-    ptr = tensor.data_ptr()
-    end = ptr + tensor.numel() * tensor.element_size()
-    for index, heap in enumerate(heaps):
-        lo = heap.raw.data_ptr() + t.rank * heap.stride
-        if lo <= ptr and end <= lo + heap.stride:
-            return index, ptr - lo
-    return -1, 0
-
-
-def heap_view(t: Transport, index: int, p: int, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """Rank ``p``'s ``numel`` elements of ``dtype`` at byte ``offset`` of its region of heap ``index``."""
-    heap = t._zerocomm_heaps[index]
-    start = p * heap.stride + offset
-    return heap.raw[start:start + numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
+def settle(t: Transport, deadline: Optional[float]) -> None:
+    """:meth:`Arena.settle` of ``t``'s arena (every rank, after a call armed with :func:`expect`)."""
+    made = home(t).__dict__.get("_zerocomm_shm")
+    if made is not None:
+        made.settle(deadline)
 
 
 def release(t: Transport) -> None:
@@ -563,36 +550,3 @@ def release(t: Transport) -> None:
     if made is not None:
         made.close()
     t.__dict__.pop("_zerocomm_heaps", None)
-
-
-def shared_empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32, group=None) -> torch.Tensor:
-    """A new uninitialized CPU tensor in shared memory that the group's ranks can read in place.
-
-    Every rank of ``group`` (default: the world) calls it together, in the same order relative to
-    the group's collectives, with its own ``shape`` (usually the same on every rank).  A "shm"
-    all_reduce of tensors made here on every rank reads peers' data in place: no copy into a
-    shared buffer first (zero-copy).  When the group's ranks are not all on one host it returns an
-    ordinary ``torch.empty`` tensor, so callers need not ask.  The memory is freed when the tensor
-    and the group are both gone; nothing is left in ``/dev/shm``.
-    """
-    from .validate import Call, resolve_group
-
-    g = resolve_group(group, "shared_empty")
-    if not g.on_cpu:
-        raise UnsupportedError(f"rank {g.my_global_rank}: shared_empty: backend {g.backend!r} moves "
-                               f"{g.device_type} tensors; shared memory holds CPU tensors (use gloo or mpi)")
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    numel = 1
-    for dim in shape:
-        numel *= dim
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    made: list = []
-
-    def allocate(t, *, tag, deadline, segment_bytes):
-        made.append(allocate_heap(t, nbytes, tag=tag, deadline=deadline))
-
-    g.run(Call("barrier", g, (), None, -1, "shm", allocate, None, False, None, (), (), 0, 0, torch.uint8))
-    region = made[0]
-    if region is None:
-        return torch.empty(shape, dtype=dtype)
-    return region.view(dtype).view(shape)

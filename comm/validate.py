@@ -555,10 +555,12 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
         try:
             code = digest(tag, call.numel, hash(cell))
             if call.algorithm == "shm" and getattr(group.communicator, "_zerocomm_one_host", False):
-                # checked through the shared segment: no backend round trip (across hosts, shm calls refuse
-                # or, as shared_empty, fall back: the backend checks them)
-                from .shm import same_call
-                agreed = same_call(group.communicator, code, tag=tag, deadline=deadline)
+                # armed: checked in the call's first sync through the shared segment, no round trip of its
+                # own (``Group.execute`` settles it); across hosts shm calls refuse or, as shared_empty,
+                # fall back, and the backend checks them
+                from .shm import expect
+                expect(group.communicator, code, (tag, call.numel, *cell), tag=tag, deadline=deadline)
+                return False
             else:
                 agreed = group.communicator.agree(code, deadline, call.args[0] if rides else None, call.op)
             if agreed:

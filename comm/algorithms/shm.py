@@ -24,7 +24,7 @@ all_reduce (the schedule of DeepSpeed's CPU shm all_reduce, pipelined):
     of every rank's piece into its slot (one pass: ``out = mine (op) first peer``, then in place);
     sync; *copy-out*: every rank copies the ``n`` reduced slices into its tensor.  Software-
     pipelined, phase ``j`` runs copy-out ``j-2``, reduce ``j-1`` and copy-in ``j``: one sync a round.
-  * zero-copy: a rank whose tensor lives in a heap (``comm.shm.shared_empty``) publishes where, and
+  * zero-copy: a rank whose tensor lives in a heap (``comm.shm_heap.shared_empty``) publishes where, and
     peers read it in place (no copy-in; the reduced slice is written into the tensor itself); a
     final sync keeps every tensor unchanged until no peer reads it any more.
 reduce: large all_reduce's schedule without the heap, only the root copies out.
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from ...ops.reduce import KERNELS, KERNELS_OUT
-from .. import shm
+from .. import shm, shm_heap
 from ..transport import PeerFailure, Transport
 from .ring import _offsets  # the ring's prefix sums of per-rank counts
 
@@ -149,7 +149,7 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
     first = a.round
     a.round += rounds
     parity = a.begin()
-    heap, offset = shm.heap_slot(t, tensor) if zero_copy else (-1, 0)
+    heap, offset = shm_heap.heap_slot(t, tensor) if zero_copy else (-1, 0)
     a.publish(parity, 0, heap)
     a.publish(parity, 1, offset)
     peers_heap: list = [None] * n  # rank p's whole tensor, where it lies in a heap (known after the first sync)
@@ -211,7 +211,7 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
             for p in range(n):
                 index = a.peer_word(parity, p, 0)
                 if index >= 0:
-                    peers_heap[p] = shm.heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
+                    peers_heap[p] = shm_heap.heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
     if any(whole is not None for whole in peers_heap):
         a.sync(deadline, what)  # no rank returns (and lets its tensor change) while a peer still reads it
 
@@ -237,7 +237,7 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
     n, r, dtype, es = a.n, a.rank, tensor.dtype, tensor.element_size()
     numel = tensor.numel()
     parity = a.begin()
-    heap, offset = shm.heap_slot(t, tensor)
+    heap, offset = shm_heap.heap_slot(t, tensor)
     a.publish(parity, 0, heap)
     a.publish(parity, 1, offset)
     a.publish(parity, 2, tensor.data_ptr())
@@ -247,7 +247,7 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
     for p in peers:
         index = a.peer_word(parity, p, 0)
         if index >= 0:
-            views[p] = shm.heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
+            views[p] = shm_heap.heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
         else:
             addresses[p] = a.peer_word(parity, p, 2)
     scratch = a.scratch(dtype, max(1, BLOCK_BYTES // es)) if addresses else None

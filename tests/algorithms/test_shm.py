@@ -17,7 +17,7 @@ import torch
 from support import collective_checks as checks
 from support.local_transport import run_ranks
 from support.references import assert_matches, rank_values, reference, to_torch
-from zerocomm.comm import UnsupportedError, shm, topology
+from zerocomm.comm import UnsupportedError, shm, shm_heap, topology
 from zerocomm.comm.algorithms import ALGORITHMS
 from zerocomm.comm.algorithms import shm as shm_schedules
 from zerocomm.comm.backends.gloo import GlooBackend
@@ -71,14 +71,14 @@ def test_zero_copy_inputs(n, who):
 
     def body(t):
         deadline = time.monotonic() + 20
-        region = shm.allocate_heap(t, numel * 4, tag=3, deadline=deadline)
+        region = shm_heap.allocate_heap(t, numel * 4, tag=3, deadline=deadline)
         x = region.view(dtype) if who == "every rank" or t.rank == 0 else torch.empty(numel, dtype=dtype)
         results = []
         for _ in range(2):
             x.copy_(to_torch(inputs[t.rank], dtype))
             fn("all_reduce")(t, x, op, tag=5, deadline=deadline, segment_bytes=40_000)
             results.append(x.clone())
-        return results, shm.heap_slot(t, x)[0]
+        return results, shm_heap.heap_slot(t, x)[0]
 
     for r, (results, heap) in enumerate(run_ranks(n, body, timeout_s=60)):
         assert heap == (0 if who == "every rank" or r == 0 else -1)
