@@ -132,6 +132,7 @@ class Group(ProcessGroupMethods):
         on_worker = self._worker_ident == get_ident()
         # Observers (byte counters, the profiler) see the calls issued while they are registered.
         observers = tuple(WORLD.observers) if WORLD.observers else ()
+        issued_s = time.perf_counter() if observers else 0.0  # an observed call's record shows its queueing
         with self._lock:
             if self._closed:
                 raise CommError(f"rank {self.my_global_rank}: {call.collective}: {self.describe()} was destroyed")
@@ -149,16 +150,16 @@ class Group(ProcessGroupMethods):
             # thread itself (from a Work's future callback) runs inline too: queueing it behind the task
             # that is making the call would wait forever.
             if not call.async_op and (self._pending == 0 or on_worker):
-                self.execute(call, tag, observers)
+                self.execute(call, tag, observers, issued_s)
                 return None
-            future = self._enqueue(call, tag, on_worker, observers)
+            future = self._enqueue(call, tag, on_worker, observers, issued_s)
         work = Work(f"{call.collective} on {self.describe()}", future, call.outputs, self)
         if call.async_op:
             return work
         work.wait()
         return None
 
-    def _enqueue(self, call, tag: int, on_worker: bool, observers: tuple) -> Future:
+    def _enqueue(self, call, tag: int, on_worker: bool, observers: tuple, issued_s: float) -> Future:
         """Queue ``call`` (the lock is held); wait while the queue is full, within the call's deadline."""
         limit = WORLD.config.max_queued
         if len(self._queue) >= limit and not on_worker:  # the worker itself must never wait on its own queue
@@ -168,7 +169,7 @@ class Group(ProcessGroupMethods):
                     f"rank {self.my_global_rank}: {call.collective} on {self.describe()}: {limit} calls were still "
                     f"queued after {seconds * 1000:.0f} ms (the executor is stuck on an earlier call)")
         future: Future = Future()
-        self._queue.append((call, tag, future, observers))
+        self._queue.append((call, tag, future, observers, issued_s))
         self._pending += 1
         if self._worker is None:
             self._worker = threading.Thread(target=self._serve, name=f"zerocomm-{self.name}", daemon=True)
@@ -177,7 +178,7 @@ class Group(ProcessGroupMethods):
         self._changed.notify_all()
         return future
 
-    def execute(self, call, tag: int, observers: tuple = ()) -> None:
+    def execute(self, call, tag: int, observers: tuple = (), issued_s: float = 0.0) -> None:
         """Run one checked call now: its waits end by its deadline; failures become typed errors."""
         seconds = self._timeout_s if call.timeout is None else call.timeout
         start = time.monotonic()
@@ -192,7 +193,7 @@ class Group(ProcessGroupMethods):
                     call = call._replace(function=_already_done)
             if observers:
                 from .traffic import run_observed
-                run_observed(observers, call, tag, deadline, config.segment_bytes)
+                run_observed(observers, call, tag, deadline, config.segment_bytes, issued_s)
             elif _profiler_enabled():
                 with torch.profiler.record_function(f"zerocomm::{call.collective}:{call.algorithm}"):
                     self._call(call, tag, deadline, config.segment_bytes)
@@ -321,10 +322,10 @@ class Group(ProcessGroupMethods):
             self._run_queued(*item)
             del item  # drop this task's buffers now, not when the next task arrives
 
-    def _run_queued(self, call, tag: int, future: Future, observers: tuple) -> None:
+    def _run_queued(self, call, tag: int, future: Future, observers: tuple, issued_s: float) -> None:
         if future.set_running_or_notify_cancel():
             try:
-                self.execute(call, tag, observers)  # one at a time: only this thread runs queued calls
+                self.execute(call, tag, observers, issued_s)  # one at a time: only this thread runs queued calls
             except BaseException as error:  # the caller sees it through Work.wait
                 future.set_exception(error)
             else:
@@ -366,7 +367,7 @@ class Group(ProcessGroupMethods):
             self._queue.clear()
             self._pending -= len(cancelled)
             self._changed.notify_all()
-        for call, _, future, _ in cancelled:
+        for call, _, future, *_ in cancelled:
             if future.set_running_or_notify_cancel():
                 future.set_exception(CommError(f"rank {self.my_global_rank}: {call.collective} on "
                                                f"{self.describe()} was cancelled: the group was destroyed first"))

@@ -104,7 +104,8 @@ class Profiler:
         return {
             "records": [dict(op=r.op, group_ranks=r.group_ranks, algorithm=r.algorithm, backend=r.backend,
                              size_bytes=r.size_bytes, bytes_sent=r.bytes_sent, bytes_received=r.bytes_received,
-                             measured=r.measured, rank=r.rank, start_us=(r.start_s - self._origin) * 1e6,
+                             measured=r.measured, rank=r.rank, issued_us=(r.issued_s - self._origin) * 1e6,
+                             start_us=(r.start_s - self._origin) * 1e6,
                              end_us=(r.end_s - self._origin) * 1e6) for r in self.records],
             "spans": [dict(name=n, start_us=(s - self._origin) * 1e6, end_us=(e - self._origin) * 1e6, thread=t)
                       for n, s, e, t in self.spans],
@@ -142,7 +143,8 @@ class Profiler:
                            "dur": max(record.seconds * 1e6, 0.01),
                            "args": {"algorithm": record.algorithm, "backend": record.backend,
                                     "group_size": record.group_size, "group_ranks": list(record.group_ranks),
-                                    "bytes": record.size_bytes, "bytes_sent": record.bytes_sent}})
+                                    "bytes": record.size_bytes, "bytes_sent": record.bytes_sent,
+                                    "queued_us": (record.start_s - record.issued_s) * 1e6}})
         for name, start, end, thread in self.spans:
             events.append({"name": name, "cat": "compute", "ph": "X", "pid": rank, "tid": tid(f"compute ({thread})"),
                            "ts": self.unix_us(start), "dur": max((end - start) * 1e6, 0.01)})

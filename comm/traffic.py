@@ -47,6 +47,8 @@ class CallRecord:
     """S as nccl-tests defines it for this collective (the whole buffer)."""
     rank: int
     """This process's global rank."""
+    issued_s: float = 0.0
+    """``time.perf_counter()`` when the caller issued the call; ``start_s - issued_s`` is its time in the queue."""
     start_s: float = 0.0
     """``time.perf_counter()`` when the call started running (after any queueing)."""
     end_s: float = 0.0
@@ -127,7 +129,7 @@ class TrafficCounter:
             self.per_op.clear()
 
 
-def run_observed(observers, call, tag: int, deadline: float, segment_bytes: int) -> None:
+def run_observed(observers, call, tag: int, deadline: float, segment_bytes: int, issued_s: float) -> None:
     """Run ``call`` (a ``validate.Call``) with a :class:`CallRecord` for ``observers``: zerocomm's own
     algorithms through a :class:`CountingTransport`, native collectives estimated (see the module note)."""
     group = call.group
@@ -138,6 +140,7 @@ def run_observed(observers, call, tag: int, deadline: float, segment_bytes: int)
     communicator = group.communicator
     transport = communicator if call.algorithm == "native" else CountingTransport(communicator, record)
     record.start_s = now()
+    record.issued_s = issued_s or record.start_s
     for observer in observers:
         observer.on_start(record)
     group._call(call, tag, deadline, segment_bytes, transport)

@@ -297,7 +297,8 @@ def state_error_case() -> tuple:
 def overlap_trace(stage: int, path: str = "", **fields) -> dict:
     """Two measured steps of a 4-block LM under ``dist.profile()``, forward / backward / step marked as spans.
 
-    Returns, per collective kind, the (start, end) of every record, the spans, and ``"embedding"``: when
+    Returns, per collective kind, when each call was in flight, (issued, end) — issued by the caller, so a
+    call issued during backward counts even when its thread only ran it later — the spans, and ``"embedding"``: when
     the token embedding (the first module of the forward) started computing in each step, all relative to
     the first span's start (seconds); with ``path`` rank 0 also writes the Chrome trace there."""
     rank = dist.get_rank()
@@ -332,7 +333,7 @@ def overlap_trace(stage: int, path: str = "", **fields) -> dict:
     out = {"spans": [(name, start - origin, end - origin) for name, start, end, _ in prof.spans],
            "embedding": [t - origin for t in starts[-2:]]}
     for record in prof.records:
-        out.setdefault(record.op, []).append((record.start_s - origin, record.end_s - origin))
+        out.setdefault(record.op, []).append((record.issued_s - origin, record.end_s - origin))
     return out
 
 

@@ -140,6 +140,8 @@ def _overlaps(interval, span) -> bool:
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_profiler_trace_shows_communication_under_compute(world, stage):
     # Steps 1 and 2 of support/zero_checks.overlap_trace: spans forward, backward, step, forward, backward, step.
+    # A collective counts from when it was issued: on a loaded machine the thread that runs it may only get a
+    # core once backward is over, which is scheduling, not a missing overlap.
     for rank, seen in enumerate(world.run(zero_checks.overlap_trace, stage)):
         if stage < 3:  # the first module computed while a later bucket's all_gather was still running
             assert _end_of_first_gathers(seen) > seen["embedding"][1], (rank, seen)
@@ -148,7 +150,7 @@ def test_profiler_trace_shows_communication_under_compute(world, stage):
         backward, second_forward = spans[1], spans[3]
         where = f"rank {rank}, stage {stage}"
         assert any(_overlaps(rs, backward) for rs in seen["reduce_scatter"]), \
-            f"{where}: no reduce_scatter ran during backward {backward}: {seen['reduce_scatter']}"
+            f"{where}: no reduce_scatter was in flight during backward {backward}: {seen['reduce_scatter']}"
         # Stages 1-2: step 1's all_gather is still running when step 2's forward begins (each module waits
         # only for its own buckets).  Stage 3: units are gathered (prefetched) while forward computes.
         assert any(_overlaps(ag, second_forward) for ag in seen["all_gather"]), \
