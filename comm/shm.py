@@ -64,6 +64,11 @@ from . import topology
 from .errors import UnsupportedError
 from .transport import PeerFailure, Transport
 
+try:
+    from . import _shmfast  # the small all_reduce's round in C, optional (see Arena.reduce_small_c)
+except ImportError:
+    _shmfast = None
+
 #: Where segments are created (a tmpfs on Linux).
 SHM_DIR = "/dev/shm"
 #: Segment names start with this, then the creator's pid: ``zerocomm-<pid>-<random>``.
@@ -430,6 +435,31 @@ class Arena:
         if expected is not None and any(self._i64[p * (LINE // 8) + word] != expected[0] for p in self._peers):
             # Every rank stops here, at the same step: start the next call's rounds and parity in step.
             self.calls = self.round = 0
+            raise CallMismatch(expected[1])
+
+    def reduce_small_c(self, tensor: torch.Tensor, kind: int, op: int, deadline: Optional[float], what: str) -> None:
+        """One round of the small all_reduce through ``_shmfast`` (``kind``, ``op``: its codes): copy in,
+        arrive, spin briefly (C); the slow wait (deadline, sleep, liveness) here; then compare the armed
+        check's digests and reduce every slot into the contiguous ``tensor`` (C).  The same steps, words
+        and bits as ``Arena.sync`` plus the numpy reduction of ``algorithms/shm.py``."""
+        expected = self._expected
+        word, code = -1, 0
+        if expected is not None:
+            self._expected = None
+            self.checks += 1
+            word, code = _DIGEST + (self.checks & 1), expected[0]
+        k = self.round
+        self.round += 1
+        step = self.step = (self.step + 1) & _MASK
+        buf = self._base + self._data + (k % 3) * self.n * self.slot_bytes
+        if not _shmfast.post(self._base, LINE, self.n, self.rank, buf, self.slot_bytes, step, tensor.data_ptr(),
+                             tensor.nbytes, word, code):
+            for p in self._peers:
+                if not self._reached(p, step):
+                    self._wait_for(p, step, deadline, what)
+        if _shmfast.combine(self._base, LINE, self.n, self.rank, buf, self.slot_bytes, tensor.data_ptr(),
+                            tensor.numel(), kind, op, word, code):
+            self.calls = self.round = 0  # as in ``sync``: every rank stops here, in step
             raise CallMismatch(expected[1])
 
     def _reached(self, p: int, step: int) -> bool:

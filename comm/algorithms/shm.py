@@ -97,13 +97,25 @@ _UFUNCS = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minim
            "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 
 
+#: The dtypes and ops the C small path (``shm._shmfast``, when built) reduces: their codes there.
+FAST_KINDS = {torch.float32: 0, torch.float64: 1, torch.int32: 2, torch.int64: 3}
+FAST_OPS = {"sum": 0, "avg": 1, "product": 2, "min": 3, "max": 4, "band": 5, "bor": 6, "bxor": 7}
+
+
 def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, deadline, what: str) -> None:
     """One round: copy in, sync, reduce every slot in rank order into ``tensor`` where ``out_ranks``.
 
     Two ranks combine the peer's slot into ``tensor`` in place: one kernel, and the same bits on both
     ranks because every op is commutative (``a + b == b + a`` exactly, also for min/max/bitwise).
-    Dtypes numpy has run as numpy ufuncs on cached views (``Arena.numpy_view``), the rest as torch kernels.
+    An all_reduce of the dtypes in ``FAST_KINDS`` runs the round in C where ``_shmfast`` is built
+    (``Arena.reduce_small_c``: the same bits); other dtypes numpy has run as numpy ufuncs on cached
+    views (``Arena.numpy_view``), the rest as torch kernels.
     """
+    if out_ranks and shm._shmfast is not None:
+        kind = FAST_KINDS.get(tensor.dtype)
+        if kind is not None:
+            a.reduce_small_c(tensor, kind, FAST_OPS[op], deadline, what)
+            return
     k = a.round
     a.round += 1
     mine = a.numpy_view(tensor)

@@ -2,7 +2,8 @@
 
 Threads of one process share a host, so the arena is real: a /dev/shm segment mapped once per
 rank, step words waited on with futexes.  Covered here: every collective at world sizes 1-8
-(non-powers of two, uneven chunks, empty tensors, multi-piece messages through tiny segments),
+(non-powers of two, uneven chunks, empty tensors, multi-piece messages through tiny segments), the
+small all_reduce's C round (``_shmfast``) and its Python fallback, each against numpy and bit for bit,
 zero-copy inputs from heaps (every rank, and some ranks only), ranks on several hosts refused
 with the alternatives named, a missing peer timing out, stale segments swept, selection rules.
 The real multi-process suites (gloo, MPI) run "shm" in tests/comm/test_collectives.py and
@@ -42,6 +43,53 @@ def test_reductions_every_world_size(n):
             checks.check_reduce(fn("reduce"), n, numel, dtype, op, (n + 1) // 2 % n, segment)
         for chunk in (0, 1, 7):
             checks.check_reduce_scatter(fn("reduce_scatter"), n, chunk, dtype, op, SMALL_SEGMENT)
+
+
+NO_SHMFAST = ("the C extension zerocomm.comm._shmfast is not built here (no C compiler when the package was "
+              "installed): only the Python path of the small all_reduce runs")
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_small_all_reduce_every_fast_cell_both_ways(n, path, monkeypatch):
+    """The small all_reduce of every (dtype, op) the C round reduces, with ``_shmfast`` and with it forced
+    off: each against numpy, and (below) the two paths' bits against each other on random floats."""
+    if path == "c" and shm._shmfast is None:
+        pytest.skip(NO_SHMFAST)
+    if path == "python":
+        monkeypatch.setattr(shm, "_shmfast", None)
+    for dtype in shm_schedules.FAST_KINDS:
+        ops = ["sum", "avg", "product", "min", "max"] if dtype.is_floating_point else \
+            ["sum", "product", "min", "max", "band", "bor", "bxor"]
+        for op in ops:
+            for numel in (0, 1, 37):
+                checks.check_all_reduce(fn("all_reduce"), n, numel, dtype, op, SMALL_SEGMENT)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "product", "min", "max"])
+def test_small_all_reduce_c_and_python_give_the_same_bits(op, monkeypatch):
+    if shm._shmfast is None:
+        pytest.skip(NO_SHMFAST)
+    n = 3
+    generator = torch.Generator().manual_seed(5)
+    inputs = [torch.randn(300, dtype=torch.float64, generator=generator) for _ in range(n)]
+    inputs[1][::7] = float("nan")  # NaN wins min and max on either side, as numpy's does
+    inputs[2][::5] = -0.0
+
+    def run(dtype):
+        def body(t):
+            x = inputs[t.rank].to(dtype)
+            fn("all_reduce")(t, x, op, tag=7, deadline=checks.deadline(), segment_bytes=SMALL_SEGMENT)
+            return x
+        return run_ranks(n, body, timeout_s=30)
+
+    for dtype in (torch.float32, torch.float64):
+        with_c = run(dtype)
+        monkeypatch.setattr(shm, "_shmfast", None)
+        without = run(dtype)
+        monkeypatch.undo()
+        for rank in range(n):
+            assert torch.equal(with_c[rank].view(torch.uint8), without[rank].view(torch.uint8)), (dtype, op, rank)
 
 
 @pytest.mark.parametrize("n", SIZES)

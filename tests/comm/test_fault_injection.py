@@ -72,12 +72,13 @@ MPI_KILL_CASES = [("all_reduce", "native"), ("all_gather", "ring"), ("reduce_sca
 def test_mpi_rank_killed_mid_collective_ends_the_job(collective, algorithm):
     """MPICH's launcher ends every rank once one dies: no survivor hangs, none reports a wrong result."""
     run = mpi_world(3, "killed_mid_collective", collective, algorithm, limit_s=60)
-    assert run["returncode"] not in (None, 0), run
+    assert run["returncode"] is not None, run  # the job ended: nothing waited into the limit
     for rank, answer in run["answers"].items():  # a survivor that got to answer raised a typed error
         first, _, _, wrong = answer[1]
         assert first[0] in ("PeerError", "CommTimeoutError") and wrong == 0, (rank, answer)
-    # the job ended by the victim's death plus the deadline and grace (startup is most of the rest)
-    assert "Killed" in run["output"] or "signal 9" in run["output"] or run["returncode"] != 0, run["output"]
+    # The launcher reports the death (non-zero) — except, seen once in many runs, when a survivor had already
+    # raised and exited: MPICH's launcher then returned 0, and that survivor's typed error is the evidence.
+    assert run["returncode"] != 0 or run["answers"], run
 
 
 def _noop(rank, n):
@@ -125,8 +126,10 @@ def test_gloo_stalled_rank_times_out_then_the_group_fails_at_once():
     assert all(r["exitcode"] == 0 for r in results), results
 
 
-MISMATCHES = [(kind, algorithm) for kind in ("op", "dtype", "shape", "root", "order") for algorithm in
-              ("native", "ring")]
+# "shm" calls are checked inside their first sync through the segment, "empty" (one rank's tensor has no
+# element: its schedule never syncs) in the sync that ends the call instead.
+MISMATCHES = [(kind, algorithm) for kind in ("op", "dtype", "shape", "empty", "root", "order") for algorithm in
+              ("native", "ring", "shm")]
 
 
 def _mismatched(rank, n, kind, algorithm):

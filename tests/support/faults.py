@@ -133,6 +133,8 @@ def mismatched(rank: int, n: int, kind: str, algorithm: str):
         call = lambda: dist.all_reduce(torch.ones(4, dtype=torch.float64 if odd else torch.float32), **kw)
     elif kind == "shape":
         call = lambda: dist.all_reduce(torch.ones(5 if odd else 4), **kw)
+    elif kind == "empty":
+        call = lambda: dist.all_reduce(torch.ones(0 if odd else 4), **kw)
     elif kind == "root":
         call = lambda: dist.broadcast(torch.ones(4), src=1 if odd else 0, **kw)
     elif kind == "order":  # the last rank calls broadcast first, the others all_reduce first
@@ -149,9 +151,9 @@ def mismatched(rank: int, n: int, kind: str, algorithm: str):
 
 
 def mismatches_in_turn(rank: int, n: int) -> dict:
-    """Every kind of :func:`mismatched`, native and ring, one after the other on one group."""
+    """Every kind of :func:`mismatched`, native, ring and shm, one after the other on one group."""
     return {f"{kind}-{algorithm}": mismatched(rank, n, kind, algorithm)
-            for kind in ("op", "dtype", "shape", "root", "order") for algorithm in ("native", "ring")}
+            for kind in ("op", "dtype", "shape", "empty", "root", "order") for algorithm in ("native", "ring", "shm")}
 
 
 def bad_timeouts(rank: int, n: int) -> list:

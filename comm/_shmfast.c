@@ -1,0 +1,202 @@
+/* The small shared-memory all_reduce in C: one call copies in and arrives, one combines.
+ *
+ * Optional: comm/algorithms/shm.py's small all_reduce uses it when it imports, and runs the same
+ * steps in Python (numpy ufuncs on cached views, Arena.sync) otherwise.  The layout is the arena's
+ * (comm/shm.py): rank p's control line at base + p * line, its u32 `arrive` word at the line's
+ * start and `sleeping` after it, i64 words addressed by index; round k's slots at `buf`, rank p's at
+ * buf + p * slot_bytes.
+ *
+ * post(base, line, n, rank, buf, slot_bytes, step, data, nbytes, digest_word, digest) copies this
+ * rank's nbytes at `data` into its slot, stores `digest` at its line's i64 word `digest_word` (when
+ * digest_word >= 0: a mismatch check rides in this sync), then stores `step` in its arrive word and
+ * wakes a peer sleeping on it (FUTEX_WAKE, as Arena.sync does).  Then it waits for every peer's arrive
+ * word to reach `step` for at most SPIN_S, yielding the core between looks and with the GIL released:
+ * returns True when all arrived, False when the caller must wait on (Arena._wait_for: the deadline,
+ * the sleep on the futex and the peers' liveness stay in Python).
+ *
+ * combine(base, line, n, rank, buf, slot_bytes, data, nelem, kind, op, digest_word, digest), once every
+ * peer arrived: returns True (nothing written) if some peer's digest word differs from `digest` (when
+ * digest_word >= 0), else reduces every rank's slot into `data` as the numpy path does — two ranks:
+ * data op= peer's slot; more: slot 0 op slot 1, then op each further slot in rank order — so every rank
+ * ends with the same bits, and the same bits as the fallback's (ints wrap; min/max propagate NaN like
+ * numpy.minimum/maximum; avg is the sum divided by n), and returns False.
+ * kind: 0 float32, 1 float64, 2 int32, 3 int64.  op: 0 sum, 1 avg, 2 product, 3 min, 4 max, 5 band,
+ * 6 bor, 7 bxor (comm/algorithms/shm.py's FAST_KINDS and FAST_OPS; bitwise ops and ints only where the
+ * caller admits them).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SPIN_S 50e-6
+#define STEP_MASK 0xFFFFFFFFu
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static inline uint32_t *arrive_word(char *base, Py_ssize_t line, Py_ssize_t p) {
+    return (uint32_t *)(base + p * line);
+}
+
+static inline int reached(char *base, Py_ssize_t line, Py_ssize_t p, uint32_t step) {
+    uint32_t seen = __atomic_load_n(arrive_word(base, line, p), __ATOMIC_ACQUIRE);
+    return ((seen - step) & STEP_MASK) < 0x80000000u;
+}
+
+static int all_reached(char *base, Py_ssize_t line, Py_ssize_t n, Py_ssize_t rank, uint32_t step) {
+    for (Py_ssize_t p = 0; p < n; p++)
+        if (p != rank && !reached(base, line, p, step))
+            return 0;
+    return 1;
+}
+
+static int ints(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected, long long *out, const char *name) {
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", name, expected, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        out[i] = PyLong_AsLongLong(args[i]);
+        if (out[i] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[11];
+    if (ints(args, nargs, 11, a, "post") < 0)
+        return NULL;
+    char *base = (char *)(intptr_t)a[0], *buf = (char *)(intptr_t)a[4];
+    Py_ssize_t line = a[1], n = a[2], rank = a[3], slot_bytes = a[5];
+    uint32_t step = (uint32_t)a[6];
+    const char *data = (const char *)(intptr_t)a[7];
+    Py_ssize_t nbytes = a[8], digest_word = a[9];
+    memcpy(buf + rank * slot_bytes, data, nbytes);
+    if (digest_word >= 0)
+        ((int64_t *)(base + rank * line))[digest_word] = (int64_t)a[10];
+    uint32_t *mine = arrive_word(base, line, rank);
+    __atomic_store_n(mine, step, __ATOMIC_SEQ_CST);  /* the slot and digest are visible before it */
+    uint32_t *sleeping = mine + 1;
+    if (__atomic_load_n(sleeping, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(sleeping, 0, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, mine, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+    if (all_reached(base, line, n, rank, step))
+        Py_RETURN_TRUE;
+    int done;
+    Py_BEGIN_ALLOW_THREADS
+    double until = now_s() + SPIN_S;
+    do {
+        sched_yield();  /* ranks share cores: let the peer run */
+        done = all_reached(base, line, n, rank, step);
+    } while (!done && now_s() < until);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(done);
+}
+
+/* numpy.minimum / numpy.maximum on floats: a NaN on either side wins. */
+#define MIN_F(x, y) (((x) <= (y) || (x) != (x)) ? (x) : (y))
+#define MAX_F(x, y) (((x) >= (y) || (x) != (x)) ? (x) : (y))
+#define MIN_I(x, y) ((x) <= (y) ? (x) : (y))
+#define MAX_I(x, y) ((x) >= (y) ? (x) : (y))
+
+/* out[i] = x[i] OP y[i] for the float type T. */
+#define FLOAT_LOOP(T)                                                                     \
+    static int combine_##T(T *out, const T *x, const T *y, Py_ssize_t m, int op) {        \
+        switch (op) {                                                                     \
+        case 0: case 1: for (Py_ssize_t i = 0; i < m; i++) out[i] = x[i] + y[i]; break;   \
+        case 2: for (Py_ssize_t i = 0; i < m; i++) out[i] = x[i] * y[i]; break;           \
+        case 3: for (Py_ssize_t i = 0; i < m; i++) out[i] = MIN_F(x[i], y[i]); break;     \
+        case 4: for (Py_ssize_t i = 0; i < m; i++) out[i] = MAX_F(x[i], y[i]); break;     \
+        default: return -1;                                                               \
+        }                                                                                 \
+        return 0;                                                                         \
+    }
+
+/* Signed T, with sums and products in its unsigned twin U: they wrap, as numpy's do. */
+#define INT_LOOP(T, U)                                                                           \
+    static int combine_##T(T *out, const T *x, const T *y, Py_ssize_t m, int op) {               \
+        switch (op) {                                                                            \
+        case 0: for (Py_ssize_t i = 0; i < m; i++) out[i] = (T)((U)x[i] + (U)y[i]); break;       \
+        case 2: for (Py_ssize_t i = 0; i < m; i++) out[i] = (T)((U)x[i] * (U)y[i]); break;       \
+        case 3: for (Py_ssize_t i = 0; i < m; i++) out[i] = MIN_I(x[i], y[i]); break;            \
+        case 4: for (Py_ssize_t i = 0; i < m; i++) out[i] = MAX_I(x[i], y[i]); break;            \
+        case 5: for (Py_ssize_t i = 0; i < m; i++) out[i] = x[i] & y[i]; break;                  \
+        case 6: for (Py_ssize_t i = 0; i < m; i++) out[i] = x[i] | y[i]; break;                  \
+        case 7: for (Py_ssize_t i = 0; i < m; i++) out[i] = x[i] ^ y[i]; break;                  \
+        default: return -1;                                                                      \
+        }                                                                                        \
+        return 0;                                                                                \
+    }
+
+FLOAT_LOOP(float)
+FLOAT_LOOP(double)
+INT_LOOP(int32_t, uint32_t)
+INT_LOOP(int64_t, uint64_t)
+
+static int combine_kind(int kind, void *out, const void *x, const void *y, Py_ssize_t m, int op) {
+    switch (kind) {
+    case 0: return combine_float(out, x, y, m, op);
+    case 1: return combine_double(out, x, y, m, op);
+    case 2: return combine_int32_t(out, x, y, m, op);
+    case 3: return combine_int64_t(out, x, y, m, op);
+    default: return -1;
+    }
+}
+
+static PyObject *combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[12];
+    if (ints(args, nargs, 12, a, "combine") < 0)
+        return NULL;
+    char *base = (char *)(intptr_t)a[0], *buf = (char *)(intptr_t)a[4];
+    Py_ssize_t line = a[1], n = a[2], rank = a[3], slot_bytes = a[5];
+    void *data = (void *)(intptr_t)a[6];
+    Py_ssize_t m = a[7], digest_word = a[10];
+    int kind = (int)a[8], op = (int)a[9];
+    if (digest_word >= 0)
+        for (Py_ssize_t p = 0; p < n; p++)
+            if (p != rank && ((int64_t *)(base + p * line))[digest_word] != (int64_t)a[11])
+                Py_RETURN_TRUE;
+    int bad;
+    if (n == 2) {
+        bad = combine_kind(kind, data, data, buf + (1 - rank) * slot_bytes, m, op);
+    } else {
+        bad = combine_kind(kind, data, buf, buf + slot_bytes, m, op);
+        for (Py_ssize_t p = 2; p < n && !bad; p++)
+            bad = combine_kind(kind, data, data, buf + p * slot_bytes, m, op);
+    }
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "combine: kind %d with op %d is not one this module reduces", kind, op);
+        return NULL;
+    }
+    if (op == 1 && kind == 0)
+        for (Py_ssize_t i = 0; i < m; i++) ((float *)data)[i] /= (float)n;
+    else if (op == 1 && kind == 1)
+        for (Py_ssize_t i = 0; i < m; i++) ((double *)data)[i] /= (double)n;
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef methods[] = {
+    {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL,
+     "Copy in, arrive, spin briefly for the peers: True when every peer arrived (see the module note)."},
+    {"combine", (PyCFunction)(void (*)(void))combine, METH_FASTCALL,
+     "Compare digests and reduce every slot into data: True on a digest mismatch (see the module note)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_shmfast",
+                                    "The small shared-memory all_reduce in C (see _shmfast.c).", -1, methods};
+
+PyMODINIT_FUNC PyInit__shmfast(void) { return PyModule_Create(&module); }
