@@ -2,7 +2,7 @@
 
 All ranks of a group allocate a heap together, each gets its own region of it, and a zero-copy
 "shm" all_reduce reads peers' regions in place instead of copying them into the arena's slots
-(``algorithms/shm.py``).  Heaps are kept on the backend object beside the arena (``shm.py``) and
+(``algorithms/shm.py``'s ``heap_slot`` and ``heap_view`` find them).  Heaps are kept on the backend object beside the arena (``shm.py``) and
 forgotten with it (``shm.release``); a mapping ends with the last tensor viewing it.
 """
 from __future__ import annotations
@@ -36,27 +36,6 @@ def allocate_heap(t: Transport, nbytes: int, *, tag: int, deadline: Optional[flo
     heaps.append(heap)
     start = t.rank * stride
     return heap.raw[start:start + nbytes]
-
-
-def heap_slot(t: Transport, tensor: torch.Tensor) -> tuple[int, int]:
-    """``(heap index, byte offset)`` of ``tensor``'s data in this rank's region of a heap of ``t``, or ``(-1, 0)``."""
-    heaps = getattr(t, "_zerocomm_heaps", None)
-    if not heaps:
-        return -1, 0
-    ptr = tensor.data_ptr()
-    end = ptr + tensor.numel() * tensor.element_size()
-    for index, heap in enumerate(heaps):
-        lo = heap.raw.data_ptr() + t.rank * heap.stride
-        if lo <= ptr and end <= lo + heap.stride:
-            return index, ptr - lo
-    return -1, 0
-
-
-def heap_view(t: Transport, index: int, p: int, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """Rank ``p``'s ``numel`` elements of ``dtype`` at byte ``offset`` of its region of heap ``index``."""
-    heap = t._zerocomm_heaps[index]
-    start = p * heap.stride + offset
-    return heap.raw[start:start + numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
 
 
 def shared_empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32, group=None) -> torch.Tensor:

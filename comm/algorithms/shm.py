@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from ...ops.reduce import KERNELS, KERNELS_OUT
-from .. import shm, shm_heap
+from .. import shm
 from ..transport import PeerFailure, Transport
 from .ring import _offsets  # the ring's prefix sums of per-rank counts
 
@@ -85,6 +85,29 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.numel() == 0:
         return torch.empty(0, dtype=torch.uint8)
     return tensor.view(-1).view(torch.uint8)
+
+
+# -- heaps: where a tensor from shm_heap.shared_empty lies -------------------------------------------
+
+def heap_slot(t: Transport, tensor: torch.Tensor) -> tuple[int, int]:
+    """``(heap index, byte offset)`` of ``tensor``'s data in this rank's region of a heap of ``t``, or ``(-1, 0)``."""
+    heaps = getattr(t, "_zerocomm_heaps", None)
+    if not heaps:
+        return -1, 0
+    ptr = tensor.data_ptr()
+    end = ptr + tensor.numel() * tensor.element_size()
+    for index, heap in enumerate(heaps):
+        lo = heap.raw.data_ptr() + t.rank * heap.stride
+        if lo <= ptr and end <= lo + heap.stride:
+            return index, ptr - lo
+    return -1, 0
+
+
+def heap_view(t: Transport, index: int, p: int, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rank ``p``'s ``numel`` elements of ``dtype`` at byte ``offset`` of its region of heap ``index``."""
+    heap = t._zerocomm_heaps[index]
+    start = p * heap.stride + offset
+    return heap.raw[start:start + numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
 
 
 # -- reductions ----------------------------------------------------------------------------------------
@@ -161,7 +184,7 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
     first = a.round
     a.round += rounds
     parity = a.begin()
-    heap, offset = shm_heap.heap_slot(t, tensor) if zero_copy else (-1, 0)
+    heap, offset = heap_slot(t, tensor) if zero_copy else (-1, 0)
     a.publish(parity, 0, heap)
     a.publish(parity, 1, offset)
     peers_heap: list = [None] * n  # rank p's whole tensor, where it lies in a heap (known after the first sync)
@@ -223,7 +246,7 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
             for p in range(n):
                 index = a.peer_word(parity, p, 0)
                 if index >= 0:
-                    peers_heap[p] = shm_heap.heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
+                    peers_heap[p] = heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
     if any(whole is not None for whole in peers_heap):
         a.sync(deadline, what)  # no rank returns (and lets its tensor change) while a peer still reads it
 
@@ -249,7 +272,7 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
     n, r, dtype, es = a.n, a.rank, tensor.dtype, tensor.element_size()
     numel = tensor.numel()
     parity = a.begin()
-    heap, offset = shm_heap.heap_slot(t, tensor)
+    heap, offset = heap_slot(t, tensor)
     a.publish(parity, 0, heap)
     a.publish(parity, 1, offset)
     a.publish(parity, 2, tensor.data_ptr())
@@ -259,7 +282,7 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
     for p in peers:
         index = a.peer_word(parity, p, 0)
         if index >= 0:
-            views[p] = shm_heap.heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
+            views[p] = heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
         else:
             addresses[p] = a.peer_word(parity, p, 2)
     scratch = a.scratch(dtype, max(1, BLOCK_BYTES // es)) if addresses else None

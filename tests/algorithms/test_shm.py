@@ -126,7 +126,7 @@ def test_zero_copy_inputs(n, who):
             x.copy_(to_torch(inputs[t.rank], dtype))
             fn("all_reduce")(t, x, op, tag=5, deadline=deadline, segment_bytes=40_000)
             results.append(x.clone())
-        return results, shm_heap.heap_slot(t, x)[0]
+        return results, shm_schedules.heap_slot(t, x)[0]
 
     for r, (results, heap) in enumerate(run_ranks(n, body, timeout_s=60)):
         assert heap == (0 if who == "every rank" or r == 0 else -1)
