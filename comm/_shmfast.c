@@ -6,20 +6,21 @@
  * start and `sleeping` after it, i64 words addressed by index; round k's slots at `buf`, rank p's at
  * buf + p * slot_bytes.
  *
- * post(base, line, n, rank, buf, slot_bytes, step, data, nbytes, digest_word, digest) copies this
- * rank's nbytes at `data` into its slot, stores `digest` at its line's i64 word `digest_word` (when
- * digest_word >= 0: a mismatch check rides in this sync), then stores `step` in its arrive word and
- * wakes a peer sleeping on it (FUTEX_WAKE, as Arena.sync does).  Then it waits for every peer's arrive
- * word to reach `step` for at most SPIN_S, yielding the core between looks and with the GIL released:
- * returns True when all arrived, False when the caller must wait on (Arena._wait_for: the deadline,
- * the sleep on the futex and the peers' liveness stay in Python).
+ * post(base, line, n, rank, buf, slot_bytes, step, data, nelem, kind, op, digest_word, digest) copies
+ * this rank's nelem elements of `kind` at `data` into its slot, stores `digest` at its line's i64 word
+ * `digest_word` (when digest_word >= 0: a mismatch check rides in this sync), then stores `step` in its
+ * arrive word and wakes a peer sleeping on it (FUTEX_WAKE, as Arena.sync does).  Then it waits for every
+ * peer's arrive word to reach `step` for at most SPIN_S, yielding the core between looks and with the
+ * GIL released.  When all arrived it goes on as combine (below) and returns combine's answer (0 or 1);
+ * else it returns 2: the caller waits on (Arena._wait_for: the deadline, the sleep on the futex and the
+ * peers' liveness stay in Python), then calls combine.
  *
- * combine(base, line, n, rank, buf, slot_bytes, data, nelem, kind, op, digest_word, digest), once every
- * peer arrived: returns True (nothing written) if some peer's digest word differs from `digest` (when
- * digest_word >= 0), else reduces every rank's slot into `data` as the numpy path does — two ranks:
- * data op= peer's slot; more: slot 0 op slot 1, then op each further slot in rank order — so every rank
- * ends with the same bits, and the same bits as the fallback's (ints wrap; min/max propagate NaN like
- * numpy.minimum/maximum; avg is the sum divided by n), and returns False.
+ * combine(base, line, n, rank, buf, slot_bytes, step, data, nelem, kind, op, digest_word, digest) (the
+ * same arguments; step unused), once every peer arrived: returns 1 (nothing written) if some peer's
+ * digest word differs from `digest` (when digest_word >= 0), else reduces every rank's slot into `data`
+ * as the numpy path does — two ranks: data op= peer's slot; more: slot 0 op slot 1, then op each further
+ * slot in rank order — so every rank ends with the same bits, and the same bits as the fallback's (ints
+ * wrap; min/max propagate NaN like numpy.minimum/maximum; avg is the sum divided by n), and returns 0.
  * kind: 0 float32, 1 float64, 2 int32, 3 int64.  op: 0 sum, 1 avg, 2 product, 3 min, 4 max, 5 band,
  * 6 bor, 7 bxor (comm/algorithms/shm.py's FAST_KINDS and FAST_OPS; bitwise ops and ints only where the
  * caller admits them).
@@ -74,38 +75,6 @@ static int ints(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected, lo
     return 0;
 }
 
-static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[11];
-    if (ints(args, nargs, 11, a, "post") < 0)
-        return NULL;
-    char *base = (char *)(intptr_t)a[0], *buf = (char *)(intptr_t)a[4];
-    Py_ssize_t line = a[1], n = a[2], rank = a[3], slot_bytes = a[5];
-    uint32_t step = (uint32_t)a[6];
-    const char *data = (const char *)(intptr_t)a[7];
-    Py_ssize_t nbytes = a[8], digest_word = a[9];
-    memcpy(buf + rank * slot_bytes, data, nbytes);
-    if (digest_word >= 0)
-        ((int64_t *)(base + rank * line))[digest_word] = (int64_t)a[10];
-    uint32_t *mine = arrive_word(base, line, rank);
-    __atomic_store_n(mine, step, __ATOMIC_SEQ_CST);  /* the slot and digest are visible before it */
-    uint32_t *sleeping = mine + 1;
-    if (__atomic_load_n(sleeping, __ATOMIC_SEQ_CST)) {
-        __atomic_store_n(sleeping, 0, __ATOMIC_SEQ_CST);
-        syscall(SYS_futex, mine, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-    }
-    if (all_reached(base, line, n, rank, step))
-        Py_RETURN_TRUE;
-    int done;
-    Py_BEGIN_ALLOW_THREADS
-    double until = now_s() + SPIN_S;
-    do {
-        sched_yield();  /* ranks share cores: let the peer run */
-        done = all_reached(base, line, n, rank, step);
-    } while (!done && now_s() < until);
-    Py_END_ALLOW_THREADS
-    return PyBool_FromLong(done);
-}
-
 /* numpy.minimum / numpy.maximum on floats: a NaN on either side wins. */
 #define MIN_F(x, y) (((x) <= (y) || (x) != (x)) ? (x) : (y))
 #define MAX_F(x, y) (((x) >= (y) || (x) != (x)) ? (x) : (y))
@@ -156,19 +125,20 @@ static int combine_kind(int kind, void *out, const void *x, const void *y, Py_ss
     }
 }
 
-static PyObject *combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[12];
-    if (ints(args, nargs, 12, a, "combine") < 0)
-        return NULL;
+#define NARGS 13
+#define SIZE_OF(kind) ((kind) == 0 || (kind) == 2 ? 4 : 8)
+
+/* Compare the digests and reduce (combine's work); 0, 1, or -1 with an exception set. */
+static int finish(const long long *a) {
     char *base = (char *)(intptr_t)a[0], *buf = (char *)(intptr_t)a[4];
     Py_ssize_t line = a[1], n = a[2], rank = a[3], slot_bytes = a[5];
-    void *data = (void *)(intptr_t)a[6];
-    Py_ssize_t m = a[7], digest_word = a[10];
-    int kind = (int)a[8], op = (int)a[9];
+    void *data = (void *)(intptr_t)a[7];
+    Py_ssize_t m = a[8], digest_word = a[11];
+    int kind = (int)a[9], op = (int)a[10];
     if (digest_word >= 0)
         for (Py_ssize_t p = 0; p < n; p++)
-            if (p != rank && ((int64_t *)(base + p * line))[digest_word] != (int64_t)a[11])
-                Py_RETURN_TRUE;
+            if (p != rank && ((int64_t *)(base + p * line))[digest_word] != (int64_t)a[12])
+                return 1;
     int bad;
     if (n == 2) {
         bad = combine_kind(kind, data, data, buf + (1 - rank) * slot_bytes, m, op);
@@ -179,20 +149,63 @@ static PyObject *combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     if (bad) {
         PyErr_Format(PyExc_ValueError, "combine: kind %d with op %d is not one this module reduces", kind, op);
-        return NULL;
+        return -1;
     }
     if (op == 1 && kind == 0)
         for (Py_ssize_t i = 0; i < m; i++) ((float *)data)[i] /= (float)n;
     else if (op == 1 && kind == 1)
         for (Py_ssize_t i = 0; i < m; i++) ((double *)data)[i] /= (double)n;
-    Py_RETURN_FALSE;
+    return 0;
+}
+
+static PyObject *answer(int code) { return code < 0 ? NULL : PyLong_FromLong(code); }
+
+static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[NARGS];
+    if (ints(args, nargs, NARGS, a, "post") < 0)
+        return NULL;
+    char *base = (char *)(intptr_t)a[0], *buf = (char *)(intptr_t)a[4];
+    Py_ssize_t line = a[1], n = a[2], rank = a[3], slot_bytes = a[5];
+    uint32_t step = (uint32_t)a[6];
+    if (a[9] < 0 || a[9] > 3) {
+        PyErr_Format(PyExc_ValueError, "post: unknown kind %lld", a[9]);
+        return NULL;
+    }
+    memcpy(buf + rank * slot_bytes, (const void *)(intptr_t)a[7], a[8] * SIZE_OF(a[9]));
+    if (a[11] >= 0)
+        ((int64_t *)(base + rank * line))[a[11]] = (int64_t)a[12];
+    uint32_t *mine = arrive_word(base, line, rank);
+    __atomic_store_n(mine, step, __ATOMIC_SEQ_CST);  /* the slot and digest are visible before it */
+    uint32_t *sleeping = mine + 1;
+    if (__atomic_load_n(sleeping, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(sleeping, 0, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, mine, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+    if (all_reached(base, line, n, rank, step))
+        return answer(finish(a));
+    int done;
+    Py_BEGIN_ALLOW_THREADS
+    double until = now_s() + SPIN_S;
+    do {
+        sched_yield();  /* ranks share cores: let the peer run */
+        done = all_reached(base, line, n, rank, step);
+    } while (!done && now_s() < until);
+    Py_END_ALLOW_THREADS
+    return done ? answer(finish(a)) : PyLong_FromLong(2);
+}
+
+static PyObject *combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[NARGS];
+    if (ints(args, nargs, NARGS, a, "combine") < 0)
+        return NULL;
+    return answer(finish(a));
 }
 
 static PyMethodDef methods[] = {
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL,
-     "Copy in, arrive, spin briefly for the peers: True when every peer arrived (see the module note)."},
+     "Copy in, arrive, spin briefly for the peers, then combine: 0, 1 (mismatch) or 2 (wait; see the note)."},
     {"combine", (PyCFunction)(void (*)(void))combine, METH_FASTCALL,
-     "Compare digests and reduce every slot into data: True on a digest mismatch (see the module note)."},
+     "Compare digests and reduce every slot into data: 0, or 1 on a digest mismatch (see the module note)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -241,11 +241,12 @@ class Group(ProcessGroupMethods):
                              segment_bytes=self.short_segment_bytes)
                 elif check[3]:  # a shared-memory call: its check rides in the call's first sync
                     numel = tensor.numel()
-                    shm.expect(self.communicator, digest(tag, numel, check[0]), (tag, numel, *check[1]), tag=tag,
-                               deadline=deadline)
+                    arena = self.communicator.__dict__.get("_zerocomm_shm") or shm.arena(
+                        self.communicator, tag=tag, deadline=deadline)
+                    arena.expect(digest(tag, numel, check[0]), (tag, numel, *check[1]))
                     function(self.communicator, tensor, op, tag=tag, deadline=deadline,
                              segment_bytes=self.short_segment_bytes)
-                    shm.settle(self.communicator, deadline)
+                    arena.settle(deadline)
                 else:
                     numel = tensor.numel()
                     agreed = self.communicator.agree(digest(tag, numel, check[0]), deadline,

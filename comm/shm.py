@@ -304,6 +304,7 @@ class Arena:
         self._i64 = memoryview(mm)[:n * LINE].cast("q")
         self._base = self.raw.data_ptr()
         self._data = aligned(n * LINE)
+        self._buffers, self._round_bytes = self._base + self._data, n * slot_bytes  # for the C round
         self.step = 0
         self.round = 0
         self.calls = 0
@@ -451,14 +452,15 @@ class Arena:
         k = self.round
         self.round += 1
         step = self.step = (self.step + 1) & _MASK
-        buf = self._base + self._data + (k % 3) * self.n * self.slot_bytes
-        if not _shmfast.post(self._base, LINE, self.n, self.rank, buf, self.slot_bytes, step, tensor.data_ptr(),
-                             tensor.nbytes, word, code):
+        args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
+                step, tensor.data_ptr(), tensor.numel(), kind, op, word, code)
+        answer = _shmfast.post(*args)
+        if answer == 2:  # a peer is late: wait here (deadline, sleep, liveness), then combine
             for p in self._peers:
                 if not self._reached(p, step):
                     self._wait_for(p, step, deadline, what)
-        if _shmfast.combine(self._base, LINE, self.n, self.rank, buf, self.slot_bytes, tensor.data_ptr(),
-                            tensor.numel(), kind, op, word, code):
+            answer = _shmfast.combine(*args)
+        if answer:
             self.calls = self.round = 0  # as in ``sync``: every rank stops here, in step
             raise CallMismatch(expected[1])
 

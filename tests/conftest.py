@@ -1,13 +1,20 @@
 """Shared fixtures: the session's rank pools and the ``world`` fixture (see support/worlds.py).
 
 Only torch is imported here: the test process forks ranks, so it must stay light and must never
-touch CUDA.
+touch CUDA.  It also never starts torch's OpenMP thread team: a child forked after the parent ran a
+parallel kernel hangs in its own first parallel kernel (GNU OpenMP is not fork-safe; seen as a
+rank stuck in ``torch.full`` of 64K elements).  One intra-op thread, set before any kernel runs and
+inherited by every forked rank, keeps every kernel off the team — and ranks that share 2 cores
+gain nothing from more.
 """
 import os
 import sys
 import time
 
 import pytest
+import torch
+
+torch.set_num_threads(1)
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:  # makes `support` importable from every test folder
