@@ -47,6 +47,22 @@ SHAPES = [(0,), (1,), (7,), (3, 5), (257,)]
 
 MAX_FAILURES = 100
 
+FULL_SWEEP = (None, "native")
+"""Algorithms every case runs with, every option included; the other algorithms take turns (``takes_turn``)."""
+
+
+def takes_turn(algorithm, turn: int, option: int, options: int, take: int) -> bool:
+    """Whether ``option`` (0 <= option < options) runs with ``algorithm`` on ``turn``.
+
+    For ``FULL_SWEEP`` every option runs.  Any other algorithm runs ``take`` options a turn:
+    ``turn * take`` to ``turn * take + take - 1``, modulo ``options``.  So any ``ceil(options / take)``
+    consecutive turns run every option: a suite whose turn counts up along an inner loop (the ops
+    of a dtype, or the dtypes) at least that many times still runs each option with each algorithm.
+    """
+    if algorithm in FULL_SWEEP:
+        return True
+    return (option - turn * take) % options < take
+
 
 def algorithms(*extra: str) -> tuple:
     """``None`` (no ``algorithm=`` argument) first, then the explicit names; only ``None`` under the stand-in."""
