@@ -9,26 +9,28 @@ integer-valued so results are exact (floats allow one rounding, for avg's divisi
 data-moving collectives are in test_data_movement.py.
 
 [Note: rotation]
-The default path (no ``algorithm=``) and "native" run every case: every (dtype, op) x shape x root
-x in_place.  The explicit algorithms (ring, tree, shm, recursive_doubling, hierarchical) take
-turns over the same options instead, since every (algorithm, dtype, op) cell is also proven by
-test_capability_matrix.py and, at 1-8 ranks, tests/algorithms/test_matrix.py:
+The default path (no ``algorithm=``) and "native" run every (dtype, op) with every shape and
+in_place form; in reduce, each shape at one root (``sweep_root``).  The explicit algorithms (ring,
+tree, shm, recursive_doubling, hierarchical) take turns over the options instead, since every
+(algorithm, dtype, op) cell is also proven by test_capability_matrix.py and, at 1-8 ranks,
+tests/algorithms/test_matrix.py:
 
 * all_reduce: 2 of the 5 shapes a turn;
-* reduce: every shape of ``REDUCE_SHAPES`` at one root a turn (the root moves on each turn);
+* reduce: every shape of ``REDUCE_SHAPES`` at one root a turn;
 * reduce_scatter, reduce_scatter_tensor: 2 of the 8 (chunk, in_place) pairs a turn.
 
 The turn is (group index + index of the op among the dtype's ops + index of the algorithm), so it
-counts up along the ops of a dtype.  ``takes_turn`` runs every option within ceil(options / take)
-consecutive turns: 3 for the shapes, the group's size (at most 4) for the roots, 4 for the chunks;
-every dtype admits at least 5 ops.  Hence, on each group, every explicit algorithm still runs
-every shape, root and in_place form with every dtype, only not with every op;
-``test_rotation_runs_every_option`` checks that arithmetic without starting ranks.
+counts up along the ops of a dtype, and every dtype admits at least 5 ops.  ``takes_turn`` runs
+every option within ceil(options / take) consecutive turns: 3 for the shapes, the group's size (at
+most 4) for the roots, 4 for the chunks; ``sweep_root`` runs every root within the group's size.
+Hence, on each group, every algorithm (the default included) still runs every shape, root and
+in_place form with every dtype, only not with every op; ``test_rotation_runs_every_option``
+checks that arithmetic without starting ranks.
 """
 import pytest
 
 from support.cases import (ALGORITHMS, FULL_SWEEP, REFUSED, SHAPES, Cases, Guarded, algorithms, assert_reports,
-                           dtype_name, groups, numel, red_op, takes_turn)
+                           dtype_name, groups, numel, red_op, sweep_root, takes_turn)
 from support.reference import DTYPES, admitted_ops, rank_input, reduce
 from support.dist import dist
 from support.worlds import worlds
@@ -51,6 +53,15 @@ def _cells():
 def _turn(group_index: int, op_index: int, alg_index: int) -> int:
     """Counts up along the dtype's ops: see the module docstring."""
     return group_index + op_index + alg_index
+
+
+def _reduce_turn(alg, turn: int, root: int, shape_index: int, size: int) -> bool:
+    """Whether a reduce case runs: the default and native run each shape at one root (``sweep_root``),
+    the explicit algorithms every shape at one root a turn (options are (root, shape) pairs, shape fastest)."""
+    if alg in FULL_SWEEP:
+        return root == sweep_root(turn, shape_index, size)
+    return takes_turn(alg, turn, root * len(REDUCE_SHAPES) + shape_index, size * len(REDUCE_SHAPES),
+                      len(REDUCE_SHAPES))
 
 
 def _chunk_turn(alg, turn: int, chunk_index: int, in_place: bool) -> bool:
@@ -89,9 +100,7 @@ def reduce_cases(backend):
                 expected = reduce(inputs, op)
                 for root in range(grp.size):
                     for a_index, alg in enumerate(algorithms()):
-                        option = root * len(REDUCE_SHAPES) + s_index  # a turn: every shape at one root
-                        if not takes_turn(alg, _turn(g_index, o_index, a_index), option,
-                                          grp.size * len(REDUCE_SHAPES), len(REDUCE_SHAPES)):
+                        if not _reduce_turn(alg, _turn(g_index, o_index, a_index), root, s_index, grp.size):
                             continue
                         root_kw = grp.root("dst", root)
                         what = f"reduce {grp} {dtype_name(dtype)} {op} shape={shape} {root_kw}"
@@ -179,16 +188,19 @@ def test_reducing_collective(world, cases_fn):
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_rotation_runs_every_option(size):
-    """Each explicit algorithm, on each group, runs every option with every dtype (see [Note: rotation])."""
+    """Every algorithm, on each group, runs every option with every dtype (see [Note: rotation])."""
     suites = {"all_reduce": (len(SHAPES), SHAPES_TAKE), "reduce": (size * len(REDUCE_SHAPES), len(REDUCE_SHAPES)),
               "reduce_scatter": (2 * len(CHUNK_SHAPES), CHUNKS_TAKE)}
     for suite, (options, take) in suites.items():
         for g_index in (0, 1):
             for a_index, alg in enumerate((None,) + ALGORITHMS + ("recursive_doubling", "hierarchical")):
-                if alg in FULL_SWEEP:
-                    continue
                 for dtype in DTYPES:
                     turns = [_turn(g_index, o_index, a_index) for o_index in range(len(admitted_ops(dtype)))]
-                    ran = {option for option in range(options) for turn in turns
-                           if takes_turn(alg, turn, option, options, take)}
+                    if suite == "reduce":
+                        ran = {root * len(REDUCE_SHAPES) + s_index for root in range(size)
+                               for s_index in range(len(REDUCE_SHAPES)) for turn in turns
+                               if _reduce_turn(alg, turn, root, s_index, size)}
+                    else:
+                        ran = {option for option in range(options) for turn in turns
+                               if takes_turn(alg, turn, option, options, take)}
                     assert ran == set(range(options)), (suite, size, g_index, alg, dtype, sorted(ran))

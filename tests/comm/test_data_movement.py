@@ -8,23 +8,28 @@ each explicit one, at world sizes 1-4 on gloo and MPI (5-8: test_large_worlds.py
 ``d`` differs by sender and by receiver, so a misplaced block shows.
 
 [Note: rotation]
-The default path (no ``algorithm=``) and "native" run every case: every dtype x shape x root x
-in_place.  The explicit algorithms (ring, tree, shm) take turns over those options instead, since
-every (algorithm, collective, dtype) cell is also proven by test_capability_matrix.py and, at 1-8
-ranks, tests/algorithms/test_matrix.py.  An option is a (shape, root, in_place) triple of
-broadcast, scatter or gather, or a (shape, in_place) pair of the all_gathers; a turn runs
-ceil(options / ``TURNS``) of them, and the turn is (group index + dtype index + algorithm index),
-so it counts up along the 9 dtypes and every option runs within ``TURNS`` = 8 of them.  Hence, on
-each group, every explicit algorithm still runs every shape, root and in_place form (and every
-dtype, at some of them), and every dtype still runs every option on the default path and
-"native"; ``test_rotation_runs_every_option`` checks that arithmetic without starting ranks.
-all_to_all and all_to_all_single run every case with every algorithm (there are few).
+An option is a (shape, root, in_place) triple of broadcast, scatter or gather, or a (shape,
+in_place) pair of the all_gathers.  The turn is (group index + dtype index + algorithm index), so
+it counts up along the 9 dtypes.
+
+* The default path (no ``algorithm=``) and "native" run every dtype with every shape and in_place
+  form, each shape at one root (``sweep_root``: the root moves on with the turn and the shape), so
+  with each dtype every root runs (there are at least as many shapes as roots), and over the
+  dtypes every shape at every root.
+* The explicit algorithms (ring, tree, shm) run ceil(options / ``TURNS``) options a turn
+  (``takes_turn``), so every option within ``TURNS`` = 8 dtypes: each still runs every shape, root
+  and in_place form, and every dtype, only not every dtype with every option.  Every (algorithm,
+  collective, dtype) cell is also proven by test_capability_matrix.py and, at 1-8 ranks, by
+  tests/algorithms/test_matrix.py.
+
+``test_rotation_runs_every_option`` checks that arithmetic without starting ranks.  all_to_all and
+all_to_all_single run every case with every algorithm (there are few).
 """
 import numpy as np
 import pytest
 
 from support.cases import (ALGORITHMS, FULL_SWEEP, REFUSED, SHAPES, Cases, Guarded, algorithms, assert_reports, block,
-                           dtype_name, groups, numel, takes_turn)
+                           dtype_name, groups, numel, sweep_root, takes_turn)
 from support.reference import DTYPES, to_torch
 from support.dist import dist
 from support.worlds import worlds
@@ -38,6 +43,15 @@ TURNS = 8  # an explicit algorithm runs every option within this many dtypes (th
 def _runs(alg, g_index: int, d_index: int, a_index: int, option: int, options: int) -> bool:
     """Whether option ``option`` of ``options`` runs with ``alg`` for the dtype ``d_index``: see [Note: rotation]."""
     return takes_turn(alg, g_index + d_index + a_index, option, options, -(-options // TURNS))
+
+
+def _rooted_runs(alg, g_index: int, d_index: int, a_index: int, root: int, s_index: int, shapes: int, size: int,
+                 in_place: bool = False) -> bool:
+    """``_runs`` for a (shape, root[, in_place]) option of broadcast, scatter or gather: the default and
+    native run each shape at one root (``sweep_root``), in place and not."""
+    if alg in FULL_SWEEP:
+        return root == sweep_root(g_index + d_index + a_index, s_index, size)
+    return _runs(alg, g_index, d_index, a_index, (in_place * size + root) * shapes + s_index, 2 * size * shapes)
 
 
 def uneven(src: int, dst: int) -> int:
@@ -56,8 +70,7 @@ def broadcast_cases(backend):
                 for root in range(grp.size):
                     src = grp.members[root]
                     for a_index, alg in enumerate(algorithms()):
-                        if not _runs(alg, g_index, d_index, a_index, root * len(SHAPES) + s_index,
-                                     grp.size * len(SHAPES)):
+                        if not _rooted_runs(alg, g_index, d_index, a_index, root, s_index, len(SHAPES), grp.size):
                             continue
                         root_kw = grp.root("src", root)
                         what = f"broadcast {grp} {dtype_name(dtype)} shape={shape} {root_kw}"
@@ -80,8 +93,8 @@ def scatter_cases(backend):
                     src = grp.members[root]
                     for in_place in (False, True):
                         for a_index, alg in enumerate(algorithms()):
-                            option = (in_place * grp.size + root) * len(ROOTED_SHAPES) + s_index
-                            if not _runs(alg, g_index, d_index, a_index, option, 2 * grp.size * len(ROOTED_SHAPES)):
+                            if not _rooted_runs(alg, g_index, d_index, a_index, root, s_index, len(ROOTED_SHAPES),
+                                                grp.size, in_place):
                                 continue
                             root_kw = grp.root("src", root)
                             what = f"scatter {grp} {dtype_name(dtype)} shape={shape} {root_kw} in_place={in_place}"
@@ -111,8 +124,8 @@ def gather_cases(backend):
                     dst = grp.members[root]
                     for in_place in (False, True):
                         for a_index, alg in enumerate(algorithms()):
-                            option = (in_place * grp.size + root) * len(ROOTED_SHAPES) + s_index
-                            if not _runs(alg, g_index, d_index, a_index, option, 2 * grp.size * len(ROOTED_SHAPES)):
+                            if not _rooted_runs(alg, g_index, d_index, a_index, root, s_index, len(ROOTED_SHAPES),
+                                                grp.size, in_place):
                                 continue
                             root_kw = grp.root("dst", root)
                             what = f"gather {grp} {dtype_name(dtype)} shape={shape} {root_kw} in_place={in_place}"
@@ -242,12 +255,25 @@ def test_data_movement(world, cases_fn):
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_rotation_runs_every_option(size):
-    """Each explicit algorithm, on each group, runs every option over the dtypes (see [Note: rotation])."""
-    for options in (size * len(SHAPES), 2 * size * len(ROOTED_SHAPES), 2 * len(SHAPES)):
-        for g_index in (0, 1):
-            for a_index, alg in enumerate((None,) + ALGORITHMS):
+    """On each group, every algorithm runs every option over the dtypes, and the default path and "native"
+    run every shape and every root with each dtype (see [Note: rotation])."""
+    dtypes = range(len(DTYPES))
+    for g_index in (0, 1):
+        for a_index, alg in enumerate((None,) + ALGORITHMS):
+            # broadcast: (shape, root); scatter and gather: (shape, root, in_place)
+            for shapes, in_places in ((len(SHAPES), (False,)), (len(ROOTED_SHAPES), (False, True))):
+                every = {(s_index, root, in_place) for s_index in range(shapes) for root in range(size)
+                         for in_place in in_places}
+                ran = {d_index: {(s_index, root, in_place) for s_index, root, in_place in every
+                                 if _rooted_runs(alg, g_index, d_index, a_index, root, s_index, shapes, size, in_place)}
+                       for d_index in dtypes}
+                assert set().union(*ran.values()) == every, (alg, shapes, size)
                 if alg in FULL_SWEEP:
-                    continue
-                ran = {option for option in range(options) for d_index in range(len(DTYPES))
-                       if _runs(alg, g_index, d_index, a_index, option, options)}
-                assert ran == set(range(options)), (options, g_index, alg, sorted(ran))
+                    for d_index, options in ran.items():
+                        assert {root for _, root, _ in options} == set(range(size)), (alg, d_index, options)
+                        assert {(s, i) for s, _, i in options} == {(s, i) for s, _, i in every}, (alg, d_index)
+            # the all_gathers: (shape, in_place)
+            options = 2 * len(SHAPES)
+            ran = {option for option in range(options) for d_index in dtypes
+                   if _runs(alg, g_index, d_index, a_index, option, options)}
+            assert ran == set(range(options)), (alg, sorted(ran))

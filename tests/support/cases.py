@@ -64,6 +64,14 @@ def takes_turn(algorithm, turn: int, option: int, options: int, take: int) -> bo
     return (option - turn * take) % options < take
 
 
+def sweep_root(turn: int, shape_index: int, size: int) -> int:
+    """The one root a ``FULL_SWEEP`` algorithm uses for a shape in the rooted suites (reduce, broadcast,
+    scatter, gather): it moves on with the turn and with the shape, so a suite whose turn counts up along
+    ``size`` or more consecutive values runs every shape at every root, and with ``size`` or more shapes
+    a turn alone runs every root."""
+    return (turn + shape_index) % size
+
+
 def algorithms(*extra: str) -> tuple:
     """``None`` (no ``algorithm=`` argument) first, then the explicit names; only ``None`` under the stand-in."""
     return (None,) if STANDIN else (None,) + ALGORITHMS + extra
