@@ -9,11 +9,12 @@ integer-valued so results are exact (floats allow one rounding, for avg's divisi
 data-moving collectives are in test_data_movement.py.
 
 [Note: rotation]
-The default path (no ``algorithm=``) and "native" run every (dtype, op) with every shape and
-in_place form; in reduce, each shape at one root (``sweep_root``).  The explicit algorithms (ring,
-tree, shm, recursive_doubling, hierarchical) take turns over the options instead, since every
-(algorithm, dtype, op) cell is also proven by test_capability_matrix.py and, at 1-8 ranks,
-tests/algorithms/test_matrix.py:
+On the default group, the default path (no ``algorithm=``) and "native" run every (dtype, op)
+with every shape and in_place form; in reduce, each shape at one root (``sweep_root``).  The
+explicit algorithms (ring, tree, shm, recursive_doubling, hierarchical), and on the subgroup every
+algorithm (it is there for group handles, group roots and non-contiguous members, the same for
+every op), take turns over the options instead; every (algorithm, dtype, op) cell is also proven
+by test_capability_matrix.py and, at 1-8 ranks, tests/algorithms/test_matrix.py:
 
 * all_reduce: 2 of the 5 shapes a turn;
 * reduce: every shape of ``REDUCE_SHAPES`` at one root a turn;
@@ -24,13 +25,14 @@ counts up along the ops of a dtype, and every dtype admits at least 5 ops.  ``ta
 every option within ceil(options / take) consecutive turns: 3 for the shapes, the group's size (at
 most 4) for the roots, 4 for the chunks; ``sweep_root`` runs every root within the group's size.
 Hence, on each group, every algorithm (the default included) still runs every shape, root and
-in_place form with every dtype, only not with every op; ``test_rotation_runs_every_option``
+in_place form with every dtype, only not always with every op; ``test_rotation_runs_every_option``
 checks that arithmetic without starting ranks.
 """
 import pytest
 
-from support.cases import (ALGORITHMS, FULL_SWEEP, REFUSED, SHAPES, Cases, Guarded, algorithms, assert_reports,
-                           dtype_name, groups, numel, red_op, sweep_root, takes_turn)
+from support.cases import (ALGORITHMS, REFUSED, SHAPES, Cases, Guarded, algorithms, assert_reports,
+                           dtype_name, full_sweep, groups, numel, red_op, sweep_root,
+                           takes_turn)
 from support.reference import DTYPES, admitted_ops, rank_input, reduce
 from support.dist import dist
 from support.worlds import worlds
@@ -38,7 +40,7 @@ from support.worlds import worlds
 RUN_TIMEOUT_S = 240.0
 REDUCE_SHAPES = [(0,), (1,), (3, 5)]  # fewer than SHAPES: every root multiplies the cases
 CHUNK_SHAPES = [(0,), (1,), (3,), (2, 3)]  # a rank's chunk of a reduce_scatter
-SHAPES_TAKE = 2  # shapes a turn of an explicit algorithm runs in all_reduce (of 5)
+SHAPES_TAKE = 2  # shapes a turn runs in all_reduce (of 5), where it is not a full sweep
 CHUNKS_TAKE = 2  # (chunk, in_place) pairs a turn runs in the reduce_scatters (of 8)
 # reduce: a turn runs every shape of REDUCE_SHAPES at one root
 
@@ -55,18 +57,24 @@ def _turn(group_index: int, op_index: int, alg_index: int) -> int:
     return group_index + op_index + alg_index
 
 
-def _reduce_turn(alg, turn: int, root: int, shape_index: int, size: int) -> bool:
-    """Whether a reduce case runs: the default and native run each shape at one root (``sweep_root``),
-    the explicit algorithms every shape at one root a turn (options are (root, shape) pairs, shape fastest)."""
-    if alg in FULL_SWEEP:
+def _shape_turn(alg, g_index: int, turn: int, shape_index: int) -> bool:
+    """Whether an all_reduce case runs: options are the shapes."""
+    return takes_turn(full_sweep(alg, g_index), turn, shape_index, len(SHAPES), SHAPES_TAKE)
+
+
+def _reduce_turn(alg, g_index: int, turn: int, root: int, shape_index: int, size: int) -> bool:
+    """Whether a reduce case runs: on a full sweep each shape at one root (``sweep_root``), else every
+    shape at one root a turn (options are (root, shape) pairs, shape fastest)."""
+    if full_sweep(alg, g_index):
         return root == sweep_root(turn, shape_index, size)
-    return takes_turn(alg, turn, root * len(REDUCE_SHAPES) + shape_index, size * len(REDUCE_SHAPES),
+    return takes_turn(False, turn, root * len(REDUCE_SHAPES) + shape_index, size * len(REDUCE_SHAPES),
                       len(REDUCE_SHAPES))
 
 
-def _chunk_turn(alg, turn: int, chunk_index: int, in_place: bool) -> bool:
+def _chunk_turn(alg, g_index: int, turn: int, chunk_index: int, in_place: bool) -> bool:
     """Whether a reduce_scatter case runs: options are (in_place, chunk) pairs, chunk fastest."""
-    return takes_turn(alg, turn, in_place * len(CHUNK_SHAPES) + chunk_index, 2 * len(CHUNK_SHAPES), CHUNKS_TAKE)
+    option = in_place * len(CHUNK_SHAPES) + chunk_index
+    return takes_turn(full_sweep(alg, g_index), turn, option, 2 * len(CHUNK_SHAPES), CHUNKS_TAKE)
 
 
 # --- what the ranks run ----------------------------------------------------------------------------
@@ -79,7 +87,7 @@ def all_reduce_cases(backend):
                 inputs = [rank_input(g, numel(shape), dtype, op) for g in grp.members]
                 expected = reduce(inputs, op)
                 for a_index, alg in enumerate(algorithms("recursive_doubling", "hierarchical")):
-                    if not takes_turn(alg, _turn(g_index, o_index, a_index), s_index, len(SHAPES), SHAPES_TAKE):
+                    if not _shape_turn(alg, g_index, _turn(g_index, o_index, a_index), s_index):
                         continue
                     what = f"all_reduce {grp} {dtype_name(dtype)} {op} shape={shape}"
                     buf = Guarded(inputs[grp.rank], dtype, shape)
@@ -100,7 +108,7 @@ def reduce_cases(backend):
                 expected = reduce(inputs, op)
                 for root in range(grp.size):
                     for a_index, alg in enumerate(algorithms()):
-                        if not _reduce_turn(alg, _turn(g_index, o_index, a_index), root, s_index, grp.size):
+                        if not _reduce_turn(alg, g_index, _turn(g_index, o_index, a_index), root, s_index, grp.size):
                             continue
                         root_kw = grp.root("dst", root)
                         what = f"reduce {grp} {dtype_name(dtype)} {op} shape={shape} {root_kw}"
@@ -127,7 +135,7 @@ def reduce_scatter_tensor_cases(backend):
                 expected = reduce(inputs, op)[grp.rank * size:(grp.rank + 1) * size]
                 for in_place in (False, True):
                     for a_index, alg in enumerate(algorithms()):
-                        if not _chunk_turn(alg, _turn(g_index, o_index, a_index), c_index, in_place):
+                        if not _chunk_turn(alg, g_index, _turn(g_index, o_index, a_index), c_index, in_place):
                             continue
                         what = (f"reduce_scatter_tensor {grp} {dtype_name(dtype)} {op} chunk={chunk} "
                                 f"in_place={in_place}")
@@ -161,7 +169,7 @@ def reduce_scatter_cases(backend):
                 expected = reduce([inputs[g][grp.rank] for g in grp.members], op)
                 for in_place in (False, True):
                     for a_index, alg in enumerate(algorithms()):
-                        if not _chunk_turn(alg, _turn(g_index, o_index, a_index), c_index, in_place):
+                        if not _chunk_turn(alg, g_index, _turn(g_index, o_index, a_index), c_index, in_place):
                             continue
                         what = f"reduce_scatter {grp} {dtype_name(dtype)} {op} chunk={chunk} in_place={in_place}"
                         sources = [Guarded(values, dtype, chunk) for values in inputs[grp.members[grp.rank]]]
@@ -199,8 +207,8 @@ def test_rotation_runs_every_option(size):
                     if suite == "reduce":
                         ran = {root * len(REDUCE_SHAPES) + s_index for root in range(size)
                                for s_index in range(len(REDUCE_SHAPES)) for turn in turns
-                               if _reduce_turn(alg, turn, root, s_index, size)}
+                               if _reduce_turn(alg, g_index, turn, root, s_index, size)}
                     else:
                         ran = {option for option in range(options) for turn in turns
-                               if takes_turn(alg, turn, option, options, take)}
+                               if takes_turn(full_sweep(alg, g_index), turn, option, options, take)}
                     assert ran == set(range(options)), (suite, size, g_index, alg, dtype, sorted(ran))

@@ -12,13 +12,14 @@ An option is a (shape, root, in_place) triple of broadcast, scatter or gather, o
 in_place) pair of the all_gathers.  The turn is (group index + dtype index + algorithm index), so
 it counts up along the 9 dtypes.
 
-* The default path (no ``algorithm=``) and "native" run every dtype with every shape and in_place
-  form, each shape at one root (``sweep_root``: the root moves on with the turn and the shape), so
+* On the default group, the default path (no ``algorithm=``) and "native" run every dtype with
+  every shape and in_place form, each shape at one root (``sweep_root``: the root moves on with the turn and the shape), so
   with each dtype every root runs (there are at least as many shapes as roots), and over the
   dtypes every shape at every root.
-* The explicit algorithms (ring, tree, shm) run ceil(options / ``TURNS``) options a turn
-  (``takes_turn``), so every option within ``TURNS`` = 8 dtypes: each still runs every shape, root
-  and in_place form, and every dtype, only not every dtype with every option.  Every (algorithm,
+* The explicit algorithms (ring, tree, shm), and on the subgroup every algorithm (the subgroup is
+  there for group handles, group roots and non-contiguous members), run ceil(options / ``TURNS``)
+  options a turn (``takes_turn``), so every option within ``TURNS`` = 8 dtypes: each still runs
+  every shape, root and in_place form, and every dtype, only not every dtype with every option.  Every (algorithm,
   collective, dtype) cell is also proven by test_capability_matrix.py and, at 1-8 ranks, by
   tests/algorithms/test_matrix.py.
 
@@ -28,8 +29,8 @@ all_to_all_single run every case with every algorithm (there are few).
 import numpy as np
 import pytest
 
-from support.cases import (ALGORITHMS, FULL_SWEEP, REFUSED, SHAPES, Cases, Guarded, algorithms, assert_reports, block,
-                           dtype_name, groups, numel, sweep_root, takes_turn)
+from support.cases import (ALGORITHMS, REFUSED, SHAPES, Cases, Guarded, algorithms, assert_reports, block,
+                           dtype_name, full_sweep, groups, numel, sweep_root, takes_turn)
 from support.reference import DTYPES, to_torch
 from support.dist import dist
 from support.worlds import worlds
@@ -42,14 +43,14 @@ TURNS = 8  # an explicit algorithm runs every option within this many dtypes (th
 
 def _runs(alg, g_index: int, d_index: int, a_index: int, option: int, options: int) -> bool:
     """Whether option ``option`` of ``options`` runs with ``alg`` for the dtype ``d_index``: see [Note: rotation]."""
-    return takes_turn(alg, g_index + d_index + a_index, option, options, -(-options // TURNS))
+    return takes_turn(full_sweep(alg, g_index), g_index + d_index + a_index, option, options, -(-options // TURNS))
 
 
 def _rooted_runs(alg, g_index: int, d_index: int, a_index: int, root: int, s_index: int, shapes: int, size: int,
                  in_place: bool = False) -> bool:
-    """``_runs`` for a (shape, root[, in_place]) option of broadcast, scatter or gather: the default and
-    native run each shape at one root (``sweep_root``), in place and not."""
-    if alg in FULL_SWEEP:
+    """``_runs`` for a (shape, root[, in_place]) option of broadcast, scatter or gather: a full sweep runs
+    each shape at one root (``sweep_root``), in place and not."""
+    if full_sweep(alg, g_index):
         return root == sweep_root(g_index + d_index + a_index, s_index, size)
     return _runs(alg, g_index, d_index, a_index, (in_place * size + root) * shapes + s_index, 2 * size * shapes)
 
@@ -268,7 +269,7 @@ def test_rotation_runs_every_option(size):
                                  if _rooted_runs(alg, g_index, d_index, a_index, root, s_index, shapes, size, in_place)}
                        for d_index in dtypes}
                 assert set().union(*ran.values()) == every, (alg, shapes, size)
-                if alg in FULL_SWEEP:
+                if full_sweep(alg, g_index):
                     for d_index, options in ran.items():
                         assert {root for _, root, _ in options} == set(range(size)), (alg, d_index, options)
                         assert {(s, i) for s, _, i in options} == {(s, i) for s, _, i in every}, (alg, d_index)

@@ -48,24 +48,31 @@ SHAPES = [(0,), (1,), (7,), (3, 5), (257,)]
 MAX_FAILURES = 100
 
 FULL_SWEEP = (None, "native")
-"""Algorithms every case runs with, every option included; the other algorithms take turns (``takes_turn``)."""
+"""Algorithms that run every option on the default group (``full_sweep``); the others take turns (``takes_turn``)."""
 
 
-def takes_turn(algorithm, turn: int, option: int, options: int, take: int) -> bool:
-    """Whether ``option`` (0 <= option < options) runs with ``algorithm`` on ``turn``.
+def full_sweep(algorithm, group_index: int) -> bool:
+    """Whether ``algorithm`` runs every option on the ``group_index``-th group of ``groups()`` (0: the
+    default group).  On the subgroup every algorithm takes turns: the subgroup is there for the group
+    plumbing (group handles, group roots, non-contiguous members, ranks outside), the same for every op."""
+    return algorithm in FULL_SWEEP and group_index == 0
 
-    For ``FULL_SWEEP`` every option runs.  Any other algorithm runs ``take`` options a turn:
+
+def takes_turn(full: bool, turn: int, option: int, options: int, take: int) -> bool:
+    """Whether ``option`` (0 <= option < options) runs on ``turn``.
+
+    With ``full`` (see ``full_sweep``) every option runs.  Otherwise ``take`` options run a turn:
     ``turn * take`` to ``turn * take + take - 1``, modulo ``options``.  So any ``ceil(options / take)``
     consecutive turns run every option: a suite whose turn counts up along an inner loop (the ops
     of a dtype, or the dtypes) at least that many times still runs each option with each algorithm.
     """
-    if algorithm in FULL_SWEEP:
+    if full:
         return True
     return (option - turn * take) % options < take
 
 
 def sweep_root(turn: int, shape_index: int, size: int) -> int:
-    """The one root a ``FULL_SWEEP`` algorithm uses for a shape in the rooted suites (reduce, broadcast,
+    """The one root a ``full_sweep`` algorithm uses for a shape in the rooted suites (reduce, broadcast,
     scatter, gather): it moves on with the turn and with the shape, so a suite whose turn counts up along
     ``size`` or more consecutive values runs every shape at every root, and with ``size`` or more shapes
     a turn alone runs every root."""

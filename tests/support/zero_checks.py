@@ -157,13 +157,19 @@ def max_relative_error(a: dict, b: dict) -> tuple[float, float]:
 
 def equivalence_runs(cases: list, diagonal: bool = False) -> list:
     """The ``(case index, stage, algorithm)`` runs of ``equivalence_cases``, in order: every stage with
-    every algorithm of each case, or with ``diagonal`` each stage once, the case's j-th stage with its
-    ``(case index + j) % len(algorithms)``-th algorithm (so the algorithms take turns along the stages)."""
+    every algorithm of each case; or with ``diagonal``, the first case's j-th stage with its j-th
+    algorithm (the first case is the algorithm sweep), and in case ``i > 0`` every other stage, the
+    j-th where ``j + i // 2`` is even, with algorithm ``(i + j // 2) % len(algorithms)`` (so
+    consecutive cases start on alternate stages, and a case's algorithms take turns)."""
     runs = []
     for index, (_, _, _, stages, algorithms, *_) in enumerate(cases):
         for j, stage in enumerate(stages):
-            chosen = [algorithms[(index + j) % len(algorithms)]] if diagonal else algorithms
-            runs += [(index, stage, algorithm) for algorithm in chosen]
+            if not diagonal:
+                runs += [(index, stage, algorithm) for algorithm in algorithms]
+            elif index == 0:
+                runs.append((index, stage, algorithms[j % len(algorithms)]))
+            elif (j + index // 2) % 2 == 0:
+                runs.append((index, stage, algorithms[(index + j // 2) % len(algorithms)]))
     return runs
 
 
