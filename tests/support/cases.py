@@ -4,7 +4,9 @@ A test sends ONE module-level function to every rank (``pool.run``); that functi
 ``Cases``, loops over groups x dtypes x ops x roots x algorithms, calls the collective through
 ``cases.call``, compares with numpy through ``cases.expect``, and returns ``cases.report()``
 (plain data).  The parent passes the per-rank reports to ``assert_reports``, which fails listing
-every mismatch of every rank.  Batching keeps one pool round trip per (test, world).
+every mismatch of every rank.  Batching keeps one pool round trip per (test, world).  Not every
+algorithm runs every option (shape, root, in_place) with every op: ``full_sweep``, ``takes_turn``
+and ``sweep_root`` let the repetition go while each suite's docstring says what is still covered.
 
 [Note: refusals]
 ``algorithm=`` may be refused with ``UnsupportedError``: that is a correct answer for "ring",
