@@ -4,7 +4,8 @@ Each rank first learns the hosts with its pretend name (``topology.hosts(..., na
 its transport), so the algorithm sees the layout under test: one host, one rank per host, even
 hosts, uneven ones (3 + 1, 1 + 3, 2 + 2 + 1 ...) and interleaved ones (a, b, a, b), world sizes 1..8.
 Sizes: empty, fewer elements than ranks, not divisible by a host's size, and the large path
-(``SMALL_BYTES`` lowered so small data takes it).  The dtype x op matrix is in test_matrix.py.
+(``SMALL_BYTES`` lowered so small data takes it); in all_reduce each size runs segmented or not, in
+turns (see test_all_reduce).  The dtype x op matrix is in test_matrix.py.
 """
 import pytest
 import torch
@@ -53,12 +54,15 @@ def path(request, monkeypatch):
 def test_all_reduce(names, path):
     n = len(names)
     fn = with_hosts(all_reduce_hierarchical, names)
-    for numel in sorted({0, 1, max(n - 1, 1), 3 * n + 2, 41}):
-        for segment_bytes in (8, 0):
-            check_all_reduce(fn, n, numel, torch.float32, "sum", segment_bytes)
-    check_all_reduce(fn, n, 11, torch.float64, "avg", 16)
-    check_all_reduce(fn, n, 10, torch.int64, "product", 16)
-    check_all_reduce(fn, n, 9, torch.int32, "max", 4)
+    # Segmented (8 bytes: many pieces) and unsegmented take turns along the sizes, starting from the other
+    # one on the next layout: every layout runs both, and over consecutive layouts every size runs both.
+    for i, numel in enumerate(sorted({0, 1, max(n - 1, 1), 3 * n + 2, 41})):
+        check_all_reduce(fn, n, numel, torch.float32, "sum", (8, 0)[(i + LAYOUTS.index(names)) % 2])
+    # One other (dtype, op) a layout and path, in turns over the layouts (the full dtype x op matrix of
+    # "hierarchical" is in test_matrix.py).
+    other = [(11, torch.float64, "avg", 16), (10, torch.int64, "product", 16), (9, torch.int32, "max", 4)]
+    numel, dtype, op, segment_bytes = other[LAYOUTS.index(names) % len(other)]
+    check_all_reduce(fn, n, numel, dtype, op, segment_bytes)
 
 
 @pytest.mark.parametrize("names", LAYOUTS)
@@ -85,8 +89,10 @@ def test_all_gather(names):
 def test_broadcast_every_root(names):
     n = len(names)
     fn = with_hosts(broadcast_hierarchical, names)
+    # Every root with 13 elements (two 16-byte segments and a short one); the empty and one-element
+    # tensors take turns along the roots, so every layout runs both from 2 ranks on.
     for root in range(n):
-        for numel in (0, 1, 13):
+        for numel in (0 if (root + LAYOUTS.index(names)) % 2 else 1, 13):
             check_broadcast(fn, n, numel, torch.float64, root, 16)
     check_broadcast(fn, n, 40, torch.uint8, n - 1, 0)  # above the inter-host tree bound: the chain
 

@@ -4,6 +4,12 @@ backends, with a tiny segment size so multi-segment pipelines run on small data.
 The exhaustive dtype x op x root sweeps run at 1-4 ranks (test_collectives.py, test_data_movement.py) and,
 over an in-process transport, at 1-8 (tests/algorithms); this file proves the same schedules on gloo and
 MPI when more ranks than cores take turns (oversubscribed: nothing may spin).
+
+Every world runs every collective with every algorithm, each algorithm at 2 of the 4 ``SIZES`` (empty,
+one element, 7: uneven at every world size here, 1000: many 64-byte segments).  The sizes take turns
+(``sizes_for``): the turn is (world size + algorithm index), so gloo's four consecutive world sizes run
+every size with every algorithm twice over, and MPI's 5 and 8, whose turns differ by an odd number, split
+the four sizes between them; ``test_every_size_runs_with_every_algorithm`` checks that without ranks.
 """
 import numpy as np
 import pytest
@@ -15,6 +21,14 @@ import zerocomm.comm as dist
 
 ALGORITHMS = ("native", "ring", "tree", "recursive_doubling", "shm")
 SIZES = (0, 1, 7, 1000)
+SIZES_TAKE = 2
+WORLDS = {"gloo": (5, 6, 7, 8), "mpi": (5, 8)}
+
+
+def sizes_for(world_size: int, alg: str) -> list:
+    """The 2 of ``SIZES`` that ``alg`` runs at at ``world_size``: see the module docstring."""
+    turn = world_size + ALGORITHMS.index(alg)
+    return [size for i, size in enumerate(SIZES) if (i - turn * SIZES_TAKE) % len(SIZES) < SIZES_TAKE]
 
 
 def _values(rank: int, numel: int, salt: int) -> np.ndarray:
@@ -43,6 +57,8 @@ def every_collective():
         for numel in SIZES:
             ins = [_values(r, numel, 1) for r in range(n)]
             for alg in ALGORITHMS:
+                if numel not in sizes_for(n, alg):
+                    continue
                 kw = {"algorithm": alg}
                 for dtype, op, reduce in ((torch.float32, dist.ReduceOp.SUM, np.sum),
                                           (torch.int32, dist.ReduceOp.MAX, np.max)):
@@ -90,7 +106,15 @@ def every_collective():
     return failures
 
 
-@pytest.mark.parametrize("world", worlds(("gloo",), (5, 6, 7, 8)) + worlds(("mpi",), (5, 8)), indirect=True)
+def test_every_size_runs_with_every_algorithm():
+    for backend, sizes in WORLDS.items():
+        for alg in ALGORITHMS:
+            ran = [size for world_size in sizes for size in sizes_for(world_size, alg)]
+            assert sorted(set(ran)) == sorted(SIZES), (backend, alg, ran)
+
+
+@pytest.mark.parametrize("world", [w for backend, sizes in WORLDS.items() for w in worlds((backend,), sizes)],
+                         indirect=True)
 def test_every_collective_and_algorithm_at_5_to_8_ranks(world):
     failures = [f"rank {r}: {f}" for r, fs in enumerate(world.run(every_collective, timeout=300)) for f in fs]
     assert not failures, "\n".join(failures[:30])

@@ -4,7 +4,9 @@ A test sends ONE module-level function to every rank (``pool.run``); that functi
 ``Cases``, loops over groups x dtypes x ops x roots x algorithms, calls the collective through
 ``cases.call``, compares with numpy through ``cases.expect``, and returns ``cases.report()``
 (plain data).  The parent passes the per-rank reports to ``assert_reports``, which fails listing
-every mismatch of every rank.  Batching keeps one pool round trip per (test, world).
+every mismatch of every rank.  Batching keeps one pool round trip per (test, world).  Not every
+algorithm runs every option (shape, root, in_place) with every op: ``full_sweep``, ``takes_turn``
+and ``sweep_root`` let the repetition go while each suite's docstring says what is still covered.
 
 [Note: refusals]
 ``algorithm=`` may be refused with ``UnsupportedError``: that is a correct answer for "ring",
@@ -46,6 +48,37 @@ SHAPES = [(0,), (1,), (7,), (3, 5), (257,)]
 """Empty, one element, sizes that no world size of 2..4 divides, 2-D, several hundred."""
 
 MAX_FAILURES = 100
+
+FULL_SWEEP = (None, "native")
+"""Algorithms that run every option on the default group (``full_sweep``); the others take turns (``takes_turn``)."""
+
+
+def full_sweep(algorithm, group_index: int) -> bool:
+    """Whether ``algorithm`` runs every option on the ``group_index``-th group of ``groups()`` (0: the
+    default group).  On the subgroup every algorithm takes turns: the subgroup is there for the group
+    plumbing (group handles, group roots, non-contiguous members, ranks outside), the same for every op."""
+    return algorithm in FULL_SWEEP and group_index == 0
+
+
+def takes_turn(full: bool, turn: int, option: int, options: int, take: int) -> bool:
+    """Whether ``option`` (0 <= option < options) runs on ``turn``.
+
+    With ``full`` (see ``full_sweep``) every option runs.  Otherwise ``take`` options run a turn:
+    ``turn * take`` to ``turn * take + take - 1``, modulo ``options``.  So any ``ceil(options / take)``
+    consecutive turns run every option: a suite whose turn counts up along an inner loop (the ops
+    of a dtype, or the dtypes) at least that many times still runs each option with each algorithm.
+    """
+    if full:
+        return True
+    return (option - turn * take) % options < take
+
+
+def sweep_root(turn: int, shape_index: int, size: int) -> int:
+    """The one root a ``full_sweep`` algorithm uses for a shape in the rooted suites (reduce, broadcast,
+    scatter, gather): it moves on with the turn and with the shape, so a suite whose turn counts up along
+    ``size`` or more consecutive values runs every shape at every root, and with ``size`` or more shapes
+    a turn alone runs every root."""
+    return (turn + shape_index) % size
 
 
 def algorithms(*extra: str) -> tuple:

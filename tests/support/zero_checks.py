@@ -155,21 +155,40 @@ def max_relative_error(a: dict, b: dict) -> tuple[float, float]:
     return loss_err, param_err
 
 
-def equivalence_cases(cases: list, steps: int = 20, bucket_numel: int = 8000) -> list:
+def equivalence_runs(cases: list, diagonal: bool = False) -> list:
+    """The ``(case index, stage, algorithm)`` runs of ``equivalence_cases``, in order: every stage with
+    every algorithm of each case; or with ``diagonal``, the first case's j-th stage with its j-th
+    algorithm (the first case is the algorithm sweep), and in case ``i > 0`` every other stage, the
+    j-th where ``j + i // 2`` is even, with algorithm ``(i + j // 2) % len(algorithms)`` (so
+    consecutive cases start on alternate stages, and a case's algorithms take turns)."""
+    runs = []
+    for index, (_, _, _, stages, algorithms, *_) in enumerate(cases):
+        for j, stage in enumerate(stages):
+            if not diagonal:
+                runs += [(index, stage, algorithm) for algorithm in algorithms]
+            elif index == 0:
+                runs.append((index, stage, algorithms[j % len(algorithms)]))
+            elif (j + index // 2) % 2 == 0:
+                runs.append((index, stage, algorithms[(index + j // 2) % len(algorithms)]))
+    return runs
+
+
+def equivalence_cases(cases: list, steps: int = 20, bucket_numel: int = 8000, diagonal: bool = False) -> list:
     """For each ``(model, accum, clip, stages, algorithms[, ZeroConfig overrides])`` case: the errors of
-    every ZeRO run against one reference.  Returns ``[(case_id, stage, algorithm, loss_err, param_err)]``."""
+    its ZeRO runs (``equivalence_runs``) against one reference.
+    Returns ``[(case_id, stage, algorithm, loss_err, param_err)]``."""
     out = []
-    for model_name, accum, clip, stages, algorithms, *more in cases:
+    runs = equivalence_runs(cases, diagonal)
+    for index, (model_name, accum, clip, _, _, *more) in enumerate(cases):
         overrides = more[0] if more else {}
         evaluation = model_name == "paths"
         ref = reference_run(model_name, steps=steps, accum=accum, clip=clip, evaluation=evaluation)
-        for stage in stages:
-            for algorithm in algorithms:
-                run = zero_run(model_name, steps=steps, accum=accum, clip=clip, stage=stage, algorithm=algorithm,
-                               bucket_numel=bucket_numel, evaluation=evaluation, **overrides)
-                run["optimizer"].remove_hooks()
-                out.append(((model_name, accum, clip, tuple(sorted(overrides.items()))), stage, algorithm)
-                           + max_relative_error(run, ref))
+        for _, stage, algorithm in (run for run in runs if run[0] == index):
+            run = zero_run(model_name, steps=steps, accum=accum, clip=clip, stage=stage, algorithm=algorithm,
+                           bucket_numel=bucket_numel, evaluation=evaluation, **overrides)
+            run["optimizer"].remove_hooks()
+            out.append(((model_name, accum, clip, tuple(sorted(overrides.items()))), stage, algorithm)
+                       + max_relative_error(run, ref))
     return out
 
 

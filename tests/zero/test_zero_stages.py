@@ -1,5 +1,12 @@
 """ZeRO stages 0-3 against data-parallel training, on gloo and MPI pools of 2 and 4 ranks.
 
+Equivalence: at 2 ranks every case of ``EQUIVALENCE_CASES`` runs every (stage, algorithm) of its
+product (36 runs).  At 4 ranks a rotating subset runs (12; ``zero_checks.equivalence_runs`` with
+``diagonal``): the algorithm sweep (the first case) runs each stage with another algorithm, and
+every other case every other stage, consecutive cases starting on alternate stages.  So at 4 ranks
+every case (clipping, accumulation, the "paths" model, DeepSpeed's schedule) still runs, every
+stage and every algorithm, and clipping at every stage; only the cross product thins out.
+
 Each test sends one batch of cases to its pool (see support/zero_checks.py, where the rank-side
 code and the reference live) and asserts on the summaries that come back.
 
@@ -37,17 +44,41 @@ EQUIVALENCE_CASES = [
     ("mlp", 1, 0.0, (1, 2), ("native",), {"reduce_scatter": False, "overlap_comm": False}),
 ]
 
+# From 4 ranks the rotating subset of the module docstring runs;
+# test_four_ranks_run_every_case_stage_and_algorithm checks what it keeps.
+DIAGONAL_FROM = 4
+
+
 @pytest.mark.parametrize("world", worlds(sizes=(2, 4)), indirect=True)
 def test_losses_and_parameters_match_data_parallel(world):
-    results = world.run(zero_checks.equivalence_cases, EQUIVALENCE_CASES, steps=20, timeout=300)
-    expected_runs = sum(len(case[3]) * len(case[4]) for case in EQUIVALENCE_CASES)
+    diagonal = world.world_size >= DIAGONAL_FROM
+    results = world.run(zero_checks.equivalence_cases, EQUIVALENCE_CASES, steps=20, diagonal=diagonal, timeout=300)
+    expected = [(EQUIVALENCE_CASES[index], stage, algorithm)
+                for index, stage, algorithm in zero_checks.equivalence_runs(EQUIVALENCE_CASES, diagonal)]
     for rank, rows in enumerate(results):
-        assert len(rows) == expected_runs
-        for case, stage, algorithm, loss_err, param_err in rows:
+        assert len(rows) == len(expected)
+        for (case, stage, algorithm, loss_err, param_err), (want, want_stage, want_algorithm) in zip(rows, expected):
+            assert (case[:3], stage, algorithm) == (want[:3], want_stage, want_algorithm), f"rank {rank}: {rows}"
             where = f"rank {rank}, case {case}, stage {stage}, algorithm {algorithm}"
             bound = REL_CLIPPED if case[2] > 0 else REL  # case = (model, accumulation, clipping, overrides)
             assert loss_err <= REL, f"{where}: losses differ by {loss_err:.2e} relative"
             assert param_err <= bound, f"{where}: parameters differ by {param_err:.2e} relative"
+
+
+def test_four_ranks_run_every_case_stage_and_algorithm():
+    """The subset at 4 ranks keeps every case, every stage, every algorithm, clipping at every stage, and
+    the algorithm sweep's every stage and every algorithm."""
+    full = zero_checks.equivalence_runs(EQUIVALENCE_CASES)
+    diagonal = zero_checks.equivalence_runs(EQUIVALENCE_CASES, diagonal=True)
+    assert set(diagonal) <= set(full) and len(diagonal) < len(full)
+    assert {index for index, _, _ in diagonal} == set(range(len(EQUIVALENCE_CASES)))
+    sweep = [(stage, algorithm) for index, stage, algorithm in diagonal if index == 0]
+    assert {s for s, _ in sweep} == set(EQUIVALENCE_CASES[0][3])
+    assert {a for _, a in sweep} == set(EQUIVALENCE_CASES[0][4])
+    assert {stage for _, stage, _ in diagonal} == {0, 1, 2, 3}
+    assert {algorithm for _, _, algorithm in diagonal} == {algorithm for _, _, algorithm in full}
+    clipped = {stage for index, stage, _ in diagonal if EQUIVALENCE_CASES[index][2] > 0}
+    assert clipped == {0, 1, 2, 3}  # REL_CLIPPED's 4-rank rounding is still exercised at every stage
 
 
 @pytest.mark.parametrize("world", worlds(sizes=(2, 4)), indirect=True)
