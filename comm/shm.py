@@ -9,7 +9,7 @@ and kept on the backend object (``t._zerocomm_shm``) until the backend's ``close
         u32 pid, u32 pid namespace     for the liveness check of a waiting peer
         i64 x 4, twice  per-call words (``publish``/``peer_word``), by call parity
         i64 probe       address of a private word, for the cross-memory check (``Arena.agree``)
-        i64 readable    1 if this rank could read a peer's private memory (``process_vm_readv``)
+        i64 readable    1 if this rank could read and write a peer's private memory (``process_vm_readv``/``writev``)
     3 buffers x n slots of ``slot_bytes``   round ``k`` of any collective uses buffer ``k % 3``
 
 [Note: steps and buffers]  Every rank calls the same collectives in the same order, so every
@@ -35,12 +35,13 @@ on any failure).  A process killed inside that window leaves a file named
 ``zerocomm-<pid>-...``; the next arena or heap made on the host removes those whose creator
 process is gone.  Mappings end when the last tensor viewing them is freed.
 
-[Note: reading peers' private memory]  Where the kernel lets a process read another's memory
-(``process_vm_readv``, "cross-memory attach": same user, no Yama restriction, no seccomp filter
-against it), a large all_reduce reads each peer's own tensor directly instead of having it copied
-into a slot first: one pass over memory fewer, as for tensors from :func:`shared_empty`.  Whether
-every rank can is agreed once, when the arena is made (``Arena.agree``), so all ranks take the same
-schedule; ``CROSS_MEMORY = False`` turns it off.
+[Note: reading peers' private memory]  Where the kernel lets a process read and write another's
+memory (``process_vm_readv``/``process_vm_writev``, "cross-memory attach": same user, no Yama
+restriction, no seccomp filter against it), a large all_reduce reads each peer's own tensor directly
+instead of having it copied into a slot first, and writes its reduced slice straight into the peers'
+tensors: the traffic of one copy, as for tensors from :func:`shared_empty`.  Whether every rank can is
+agreed once, when the arena is made (``Arena.agree``), so all ranks take the same schedule;
+``CROSS_MEMORY = False`` turns it off.
 
 *Heaps* (``shm_heap.py``) are segments for tensors that live in shared memory from the start;
 they are kept on the backend object beside the arena and forgotten with it (:func:`release`).
@@ -84,7 +85,7 @@ ALIGN = 64
 SPIN_S = 50e-6
 #: Longest single sleep: how often a waiter re-checks its deadline and the peer's liveness.
 SLEEP_SLICE_S = 0.02
-#: Read peers' private memory with ``process_vm_readv`` where every rank can (see the module notes).
+#: Read and write peers' private memory (``process_vm_readv``/``writev``) where every rank can (module notes).
 CROSS_MEMORY = True
 #: Most numpy arrays over small user tensors' memory an arena keeps (``Arena.numpy_view``).
 _NUMPY_VIEWS = 16
@@ -126,21 +127,32 @@ class _IOVec(ctypes.Structure):
 
 
 _readv = getattr(_libc, "process_vm_readv", None)
-if _readv is not None:
-    _readv.restype = ctypes.c_ssize_t
-    _readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.POINTER(_IOVec), ctypes.c_ulong,
-                       ctypes.c_ulong]
+_writev = getattr(_libc, "process_vm_writev", None)
+for _call in (_readv, _writev):
+    if _call is not None:
+        _call.restype = ctypes.c_ssize_t
+        _call.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.POINTER(_IOVec),
+                          ctypes.c_ulong, ctypes.c_ulong]
+
+
+def _cross(call, pid: int, address: int, local: torch.Tensor) -> int:
+    nbytes = local.numel() * local.element_size()
+    if nbytes == 0:
+        return 0
+    mine, theirs = _IOVec(local.data_ptr(), nbytes), _IOVec(address, nbytes)
+    done = call(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)
+    return done if done >= 0 else -ctypes.get_errno()
 
 
 def read_peer(pid: int, address: int, into: torch.Tensor) -> int:
     """Copy ``into.nbytes`` bytes at ``address`` in process ``pid`` into the contiguous ``into``; returns
     the bytes read, or ``-errno`` (ESRCH: the process is gone; EPERM/ENOSYS: not allowed here)."""
-    nbytes = into.numel() * into.element_size()
-    if nbytes == 0:
-        return 0
-    local, remote = _IOVec(into.data_ptr(), nbytes), _IOVec(address, nbytes)
-    done = _readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-    return done if done >= 0 else -ctypes.get_errno()
+    return _cross(_readv, pid, address, into)
+
+
+def write_peer(pid: int, address: int, source: torch.Tensor) -> int:
+    """Copy the contiguous ``source`` to ``address`` in process ``pid``; returns bytes written or ``-errno``."""
+    return _cross(_writev, pid, address, source)
 
 
 def _futex_wake(address: int) -> None:
@@ -310,7 +322,8 @@ class Arena:
         self.calls = 0
         self.checks = 0  # mismatch checks run: picks the digest word (they alternate)
         self._expected: Optional[tuple] = None  # (digest, fingerprint) of an armed check (``expect``)
-        #: Whether large all_reduce calls read peers' tensors with ``process_vm_readv`` (``agree`` sets it).
+        #: Whether large all_reduce calls read and write peers' tensors with ``process_vm_readv``/``writev``
+        #: (``agree`` sets it).
         self.cross_memory = False
         self._views: dict = {}
         self._numpy: dict = {}
@@ -495,9 +508,10 @@ class Arena:
         return self._u32[p * _WORDS + _PID]
 
     def agree(self, deadline: Optional[float]) -> None:
-        """Decide, the same on every rank, whether large calls may read peers' private memory: each rank
-        reads a word of every peer's process with ``process_vm_readv``; all reads on all ranks must
-        succeed.  Every rank calls it once, right after making the arena (two syncs)."""
+        """Decide, the same on every rank, whether large calls may read and write peers' private memory:
+        each rank reads a word of every peer's process with ``process_vm_readv`` and writes the same value
+        back with ``process_vm_writev``; all of it on all ranks must succeed.  Every rank calls it once,
+        right after making the arena (two syncs)."""
         probe = torch.tensor([0x5A3C0FFEE], dtype=torch.int64)
         line = self.rank * (LINE // 8)
         self._i64[line + _PROBE] = probe.data_ptr()
@@ -506,11 +520,12 @@ class Arena:
 
         def readable(p: int) -> bool:
             got.zero_()
+            address = self._i64[p * (LINE // 8) + _PROBE]
             return (self._u32[p * _WORDS + _PIDNS] == self._namespace
-                    and read_peer(self.pid(p), self._i64[p * (LINE // 8) + _PROBE], got) == 8
-                    and int(got) == int(probe))
+                    and read_peer(self.pid(p), address, got) == 8 and int(got) == int(probe)
+                    and write_peer(self.pid(p), address, got) == 8)  # the value it holds: nothing changes
 
-        ok = CROSS_MEMORY and _readv is not None and all(readable(p) for p in self._peers)
+        ok = CROSS_MEMORY and _readv is not None and _writev is not None and all(readable(p) for p in self._peers)
         self._i64[line + _READABLE] = int(ok)
         self.sync(deadline, "shm arena")  # after it no peer reads `probe` any more, and every answer is in
         self.cross_memory = all(self._i64[p * (LINE // 8) + _READABLE] == 1 for p in range(self.n))

@@ -14,11 +14,11 @@ all_reduce (the schedule of DeepSpeed's CPU shm all_reduce, pipelined):
     rank reduces all slots, in rank order, straight into its tensor (identical bits everywhere;
     two ranks add the peer's slot in place, commutative ops give the same bits).  numpy ufuncs on
     cached views where numpy has the dtype: a torch kernel's dispatch costs more than a few bytes.
-  * large, where every rank may read its peers' memory (``process_vm_readv``; the arena agrees on
-    it once): *direct* — each rank publishes its tensor's address; sync; round ``k``: rank ``r``
-    combines slice ``r`` of every peer's piece into its own tensor, then (after the round's sync)
-    copies the other reduced slices out of their owners' tensors.  No slot, no copy-in: the traffic
-    of the zero-copy schedule for ordinary tensors.
+  * large, where every rank may read and write its peers' memory (``process_vm_readv``/``writev``,
+    or a heap; the arena agrees on it once): *direct* — each rank publishes its tensor's address;
+    sync; rank ``r`` combines slice ``r`` of every peer's tensor into its own, block by block, and
+    pushes each reduced block, still in cache, into every peer's tensor; sync.  No slot, no copy-in,
+    no copy-out: per rank, the traffic of one copy of the tensor.
   * large otherwise, round ``k`` over piece ``k``: *copy-in* the slices peers will reduce (this rank's own
     slice is read from its input where it lies); sync; *reduce*: rank ``r`` combines slice ``r``
     of every rank's piece into its slot (one pass: ``out = mine (op) first peer``, then in place);
@@ -56,9 +56,6 @@ SMALL_BYTES = 16 << 10
 #: combining it: small enough to stay in cache between the read and the combine, large enough that the
 #: calls' overhead stays small (1 MiB measured best of 256 KiB-2 MiB at 16 MiB, 2 ranks on 2 cores).
 BLOCK_BYTES = 1 << 20
-#: Smallest piece of the direct schedule: it has no slots to fit, and every round costs a sync (a sleep
-#: and a wake when ranks share cores): 16 MiB measured faster than 4 MiB pieces at 16 MiB, 2 ranks.
-DIRECT_PIECE_BYTES = 16 << 20
 
 
 def _bounds(numel: int, parts: int) -> list[tuple[int, int]]:
@@ -251,23 +248,24 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
         a.sync(deadline, what)  # no rank returns (and lets its tensor change) while a peer still reads it
 
 
-def _read(a: shm.Arena, p: int, address: int, into: torch.Tensor, what: str) -> None:
-    """``into`` <- the bytes at ``address`` in rank ``p``'s process (its tensor, published for this call)."""
-    done = shm.read_peer(a.pid(p), address, into)
-    if done != into.numel() * into.element_size():
-        reason = "exited" if done == -errno.ESRCH else f"could not be read ({os.strerror(-done) if done < 0 else done})"
-        raise PeerFailure(f"{what}: rank {p} (pid {a.pid(p)}) {reason} while this rank read its tensor", peer=p)
+def _peer_io(a: shm.Arena, p: int, done: int, nbytes: int, what: str, verb: str) -> None:
+    """Raise ``PeerFailure`` unless a ``read_peer``/``write_peer`` of rank ``p``'s tensor moved ``nbytes``."""
+    if done != nbytes:
+        reason = "exited" if done == -errno.ESRCH else f"could not be {verb} ({os.strerror(-done) if done < 0 else done})"
+        raise PeerFailure(f"{what}: rank {p} (pid {a.pid(p)}) {reason} while this rank {verb} its tensor", peer=p)
 
 
-def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, deadline, segment_bytes: int,
-                   what: str) -> None:
-    """all_reduce reading every peer's own tensor: in place where it lies in a heap, else with
-    ``process_vm_readv`` (the arena agreed that every rank can).  No slot, no copy-in.
+def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, deadline, what: str) -> None:
+    """all_reduce over every rank's own tensor, no slot: in place where it lies in a heap, else with
+    ``process_vm_readv``/``writev`` (the arena agreed that every rank can).
 
-    Each rank publishes its tensor's address; sync; then in pieces of ``max(segment_bytes,
-    DIRECT_PIECE_BYTES)``, pipelined with one sync a round: rank ``r`` combines slice ``r`` of every peer's piece into its own tensor
-    (peers read through ``BLOCK_BYTES`` of scratch that stays in cache), and copies the other reduced
-    slices out of their owners' tensors.  A final sync keeps every tensor unchanged until no peer reads it.
+    Each rank publishes its tensor's address; sync; rank ``r`` then owns slice ``r`` alone, in blocks
+    of ``BLOCK_BYTES``: it combines the block of every peer into its own tensor (a peer's private block
+    is read through scratch that stays in cache) and writes the reduced block, still in cache, into
+    every peer's tensor ("push").  No rank reads or writes another's slice, so nothing races; a final
+    sync keeps every rank in the call until all pushes into its tensor are done.  Per rank this moves
+    what one copy of the tensor moves (read it once, write it once), where reducing then copying the
+    other slices out reads ``(n-1)/n`` of it again.
     """
     n, r, dtype, es = a.n, a.rank, tensor.dtype, tensor.element_size()
     numel = tensor.numel()
@@ -285,53 +283,35 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
             views[p] = heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
         else:
             addresses[p] = a.peer_word(parity, p, 2)
-    scratch = a.scratch(dtype, max(1, BLOCK_BYTES // es)) if addresses else None
-    block = scratch.numel() if scratch is not None else numel
-    piece = max(n, max(segment_bytes, DIRECT_PIECE_BYTES) // es)
-    rounds = -(-numel // piece)
+    block = max(1, BLOCK_BYTES // es)
+    scratch = a.scratch(dtype, block) if addresses else None
     combine = KERNELS[op]
-
-    def reduce(k: int) -> None:
-        lo = k * piece
-        s, e = _bounds(min(numel, lo + piece) - lo, n)[r]
-        for b0 in range(lo + s, lo + e, block):
-            b1 = min(lo + e, b0 + block)
-            mine = tensor[b0:b1]
-            for p in peers:
-                if p in views:
-                    combine(mine, views[p][b0:b1])
-                else:
-                    part = scratch[:b1 - b0]
-                    _read(a, p, addresses[p] + b0 * es, part, what)
-                    combine(mine, part)
-        if op == "avg" and e > s:
-            tensor[lo + s:lo + e].div_(n)
-
-    def copy_back(k: int) -> None:
-        lo = k * piece
-        parts = _bounds(min(numel, lo + piece) - lo, n)
-        for q in peers:
-            s, e = parts[q]
-            if e > s:
-                if q in views:
-                    tensor[lo + s:lo + e].copy_(views[q][lo + s:lo + e])
-                else:
-                    _read(a, q, addresses[q] + (lo + s) * es, tensor[lo + s:lo + e], what)
-
-    for phase in range(rounds + 1):
-        if phase >= 1:
-            copy_back(phase - 1)
-        if phase < rounds:
-            reduce(phase)
-        a.sync(deadline, what)
+    s, e = _bounds(numel, n)[r]
+    for b0 in range(s, e, block):
+        b1 = min(e, b0 + block)
+        mine = tensor[b0:b1]
+        for p in peers:
+            if p in views:
+                combine(mine, views[p][b0:b1])
+            else:
+                part = scratch[:b1 - b0]
+                _peer_io(a, p, shm.read_peer(a.pid(p), addresses[p] + b0 * es, part), part.nbytes, what, "read")
+                combine(mine, part)
+        _finalize(mine, op, n)
+        for p in peers:
+            if p in views:
+                views[p][b0:b1].copy_(mine)
+            else:
+                _peer_io(a, p, shm.write_peer(a.pid(p), addresses[p] + b0 * es, mine), mine.nbytes, what, "written")
+    a.sync(deadline, what)  # every push into this rank's tensor is done; no peer touches it after
 
 
 def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, deadline: Optional[float],
                    segment_bytes: int) -> None:
     """Reduce the flat ``tensor`` across all ranks in place, through shared memory (every rank calls it).
 
-    Up to ``SMALL_BYTES``: one sync.  Larger: where the arena agreed that peers' memory can be read,
-    every peer's tensor is read where it lies (``_reduce_direct``); else pipelined through the slots
+    Up to ``SMALL_BYTES``: one sync.  Larger: where the arena agreed that peers' memory can be read and
+    written, every peer's tensor is read and written where it lies (``_reduce_direct``, two syncs); else pipelined through the slots
     in pieces of ``min(segment_bytes, SLOT_BYTES)``, one sync a round, tensors from ``shared_empty``
     on every rank read in place (zero-copy).  Every rank ends with the same bits.
     ``UnsupportedError`` if the ranks are not on one host.
@@ -348,7 +328,7 @@ def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, dea
     if nbytes <= SMALL_BYTES and nbytes <= a.slot_bytes:
         _reduce_small(a, tensor, op, True, deadline, f"all_reduce (tag {tag})")
     elif a.cross_memory:
-        _reduce_direct(t, a, tensor, op, deadline, segment_bytes, f"all_reduce (tag {tag})")
+        _reduce_direct(t, a, tensor, op, deadline, f"all_reduce (tag {tag})")
     else:
         _reduce_pipelined(t, a, tensor, op, True, True, deadline, segment_bytes, f"all_reduce (tag {tag})")
 

@@ -154,11 +154,10 @@ def test_arena_agrees_on_reading_peers_memory(monkeypatch, allowed):
 @pytest.mark.parametrize("allowed", [True, False], ids=["direct", "slots"])
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 def test_large_all_reduce_both_schedules(monkeypatch, n, allowed):
-    """The direct schedule (peers' tensors read in place, through a scratch block far smaller than a
-    slice here: several blocks a piece) and the slot schedule, on uneven sizes and several pieces."""
+    """The direct schedule (peers' tensors read and written in place, in blocks far smaller than a slice
+    here) and the slot schedule (several pieces), on uneven sizes."""
     monkeypatch.setattr(shm, "CROSS_MEMORY", allowed)
     monkeypatch.setattr(shm_schedules, "BLOCK_BYTES", 1000)
-    monkeypatch.setattr(shm_schedules, "DIRECT_PIECE_BYTES", 1)  # the segment decides: several pieces
     for dtype, op in CELLS:
         for numel, segment in ((5003, 4096), (20_011, 1 << 20)):
             checks.check_all_reduce(fn("all_reduce"), n, numel, dtype, op, segment)
