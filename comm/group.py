@@ -25,8 +25,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import shm
+from . import select, shm
 from .config import CommConfig
+from .reduce_op import ReduceOp
 from .errors import CollectiveMismatchError, CommError, CommTimeoutError, NotInitializedError, PeerError
 from .group_methods import ProcessGroupMethods
 from .transport import AGREE_AND_REDUCED, USER_TAG_LIMIT, Backend, PeerFailure
@@ -83,7 +84,7 @@ class Group(ProcessGroupMethods):
         #: not depend on the size (see ``validate.choose_algorithm``).
         self.choices: Dict[tuple, tuple] = {}
         #: (requested algorithm, dtype) -> rows ``(most elements, function, check or None)`` of blocking SUM
-        #: all_reduce cells that may take the short path (see ``run_short``); filled by ``short_path.remember``,
+        #: all_reduce cells that may take the short path (see ``short_all_reduce``); filled by ``short_path.remember``,
         #: emptied when the configuration changes.
         self.short: Dict[tuple, tuple] = {}
         self.short_segment_bytes = 0
@@ -213,60 +214,6 @@ class Group(ProcessGroupMethods):
         if call.copy_out:
             for source, destination in call.copy_out:
                 destination.copy_(source.view(destination.shape))
-
-    def run_short(self, function, tensor: torch.Tensor, op: str, check: Optional[tuple]) -> bool:
-        """The short path of a blocking all_reduce: run ``function(communicator, tensor, op, ...)`` now, on
-        this thread, if nothing else needs doing first; return False (nothing done) when the call must take
-        ``run``'s path: another thread holds the group, calls are queued, the group failed or was destroyed,
-        or observers or the profiler watch calls.  ``validate.short_all_reduce`` checked the tensor.
-        ``check`` is ``(hash of the cell, cell, native, shm)`` for the mismatch check (``None``: no check), as
-        ``execute`` checks; a native all_reduce may ride in the check's message (``Backend.agree``).
-
-        It is ``run`` + ``execute`` for that case, without building a call record: the same order (a tag
-        taken under the lock, held while it runs), the same check, deadline and typed errors.
-        """
-        lock = self._lock
-        if not lock.acquire(False):
-            return False
-        try:
-            if self._pending or self.failure is not None or self._closed or WORLD.observers or _profiler_enabled():
-                return False
-            self._seq += 1
-            tag = USER_TAG_LIMIT + self._seq % _TAG_SPAN
-            start = time.monotonic()
-            deadline = start + self._timeout_s
-            try:
-                if check is None:
-                    function(self.communicator, tensor, op, tag=tag, deadline=deadline,
-                             segment_bytes=self.short_segment_bytes)
-                elif check[3]:  # a shared-memory call: its check rides in the call's first sync
-                    numel = tensor.numel()
-                    arena = self.communicator.__dict__.get("_zerocomm_shm") or shm.arena(
-                        self.communicator, tag=tag, deadline=deadline)
-                    arena.expect(digest(tag, numel, check[0]), (tag, numel, *check[1]))
-                    function(self.communicator, tensor, op, tag=tag, deadline=deadline,
-                             segment_bytes=self.short_segment_bytes)
-                    arena.settle(deadline)
-                else:
-                    numel = tensor.numel()
-                    agreed = self.communicator.agree(digest(tag, numel, check[0]), deadline,
-                                                     tensor if check[2] else None, op)
-                    if agreed == AGREE_AND_REDUCED:
-                        return True
-                    if not agreed:
-                        from .validate import name_mismatch  # the rare path: a late import
-                        name_mismatch(self, (tag, numel, *check[1]), deadline)
-                    function(self.communicator, tensor, op, tag=tag, deadline=deadline,
-                             segment_bytes=self.short_segment_bytes)
-            except TimeoutError as error:
-                raise self._timed_out("all_reduce", self._timeout_s, error, start) from None
-            except PeerFailure as failure:
-                raise self._peer_failed("all_reduce", failure) from None
-            except shm.CallMismatch as mismatch:
-                self._mismatched("all_reduce", mismatch.fingerprint, deadline, self._timeout_s, start)
-        finally:
-            lock.release()
-        return True
 
     def _mismatched(self, collective: str, fingerprint: tuple, deadline: float, seconds: float, start: float):
         """An "shm" call's check failed in its first sync, on every rank at once: every rank all-gathers the
@@ -440,3 +387,83 @@ class World:
 
 #: The only module-level mutable state in zerocomm: the default world.
 WORLD = World()
+
+
+# -- the short path of a blocking all_reduce --------------------------------------------------------
+
+_Tensor = torch.Tensor
+_SUM = ReduceOp.SUM
+_logged = select.log.isEnabledFor  # selection logging asks for the full path (it logs each choice)
+
+
+def short_all_reduce(tensor, op, group, algorithm) -> bool:
+    """Run a blocking SUM all_reduce of a dense CPU tensor on a cell checked before, now, on this thread,
+    without a call record.  True when the call ran; False when it must take the full path
+    (``validate.all_reduce`` then :meth:`Group.run`), which raises any error.
+
+    ``validate.all_reduce`` admits a cell (group, requested algorithm, dtype) after its first call passed
+    the full checks (``short_path.remember``, which also fills the rows: "auto"'s choice by size, and
+    the mismatch check).  Checked here is only what can change from call to call: the tensor (dense,
+    contiguous, on the CPU, not a subclass), its size, and the group's state -- the call runs only if
+    nothing else needs doing first: no other thread holds the group, no call queued, the group neither
+    failed nor destroyed, no observer or profiler watching.  It is ``run`` + ``execute`` for that case:
+    the same order (a tag taken under the lock, held while it runs), check, deadline and typed errors.
+    """
+    if op is not _SUM or type(tensor) is not _Tensor:
+        return False
+    g = WORLD.default if group is None else group
+    if type(g) is not Group:
+        g = getattr(g, "zerocomm_group", None)  # the ProcessGroup new_group returned
+        if type(g) is not Group:
+            return False
+    rows = g.short.get((algorithm, tensor.dtype))
+    if not rows or not tensor.is_contiguous() or not tensor.is_cpu or _logged(10):
+        return False
+    numel = tensor.numel()
+    _, function, check = rows[0]
+    if len(rows) > 1:
+        for most, function, check in rows:  # "auto"'s rows by size
+            if numel <= most:
+                break
+    if tensor.dim() != 1:
+        tensor = tensor.view(-1)
+    lock = g._lock
+    if not lock.acquire(False):
+        return False
+    try:
+        if g._pending or g.failure is not None or g._closed or WORLD.observers or _profiler_enabled():
+            return False
+        g._seq += 1
+        tag = USER_TAG_LIMIT + g._seq % _TAG_SPAN
+        start = time.monotonic()
+        deadline = start + g._timeout_s
+        communicator = g.communicator
+        try:
+            if check is None:
+                function(communicator, tensor, "sum", tag=tag, deadline=deadline, segment_bytes=g.short_segment_bytes)
+            elif check[3]:  # through the segment: in an shm call's first sync (1), or in a sync now (2)
+                arena = communicator.__dict__.get("_zerocomm_shm") or shm.arena(communicator, tag=tag,
+                                                                                 deadline=deadline)
+                arena.expect(hash((tag, numel, check[0])) & _DIGEST_MASK, (tag, numel, *check[1]))  # = digest()
+                if check[3] == 2:
+                    arena.settle(deadline)
+                function(communicator, tensor, "sum", tag=tag, deadline=deadline, segment_bytes=g.short_segment_bytes)
+                arena.settle(deadline)
+            else:
+                agreed = communicator.agree(hash((tag, numel, check[0])) & _DIGEST_MASK,  # = digest(), inlined
+                                            deadline, tensor if check[2] else None, "sum")
+                if agreed == AGREE_AND_REDUCED:
+                    return True
+                if not agreed:
+                    from .validate import name_mismatch  # the rare path: a late import
+                    name_mismatch(g, (tag, numel, *check[1]), deadline)
+                function(communicator, tensor, "sum", tag=tag, deadline=deadline, segment_bytes=g.short_segment_bytes)
+        except TimeoutError as error:
+            raise g._timed_out("all_reduce", g._timeout_s, error, start) from None
+        except PeerFailure as failure:
+            raise g._peer_failed("all_reduce", failure) from None
+        except shm.CallMismatch as mismatch:
+            g._mismatched("all_reduce", mismatch.fingerprint, deadline, g._timeout_s, start)
+    finally:
+        lock.release()
+    return True

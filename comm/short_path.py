@@ -24,8 +24,10 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     check (``run_short`` runs that check too): a CPU group, no debug fingerprint (debug all-gathers whole
     fingerprints), no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
     elements of ``dtype`` (one unbounded row for an explicit algorithm): ``(most elements, function,
-    check)``, where ``check`` is ``(hash of the cell, cell, native, shm)`` for ``Group.run_short`` (a
-    shared-memory row is checked through the segment), or ``None`` when the check is off.
+    check)``, where ``check`` is ``(hash of the cell, cell, rides, through_shm)`` for ``Group.run_short``
+    (``rides``: a native all_reduce may ride in ``Backend.agree``; ``through_shm``: 0 through ``agree``,
+    1 in an shm call's first sync, 2 in a sync of the segment before the call, as ``validate.cross_check``
+    checks), or ``None`` when the check is off.
     """
     from .validate import fingerprint_cell, _selection_logged  # validate imports this module first
     config = WORLD.config
@@ -43,7 +45,10 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
         check = None
         if config.check and g.size() > 1:
             cell = fingerprint_cell("all_reduce", "sum", dtype, -1, algorithm)
-            check = (hash(cell), cell, algorithm == "native", algorithm == "shm")
+            through_shm = 0
+            if getattr(g.communicator, "_zerocomm_one_host", False):
+                through_shm = 1 if algorithm == "shm" else (2 if g.communicator.CHECK_IN_SHARED_MEMORY else 0)
+            check = (hash(cell), cell, algorithm == "native" and not through_shm, through_shm)
         return (max_numel, function, check)
 
     if rule.rows is None:

@@ -140,6 +140,11 @@ class Backend(Transport):
         """``irecv`` for the user's send/recv; see :meth:`user_isend`."""
         return self.irecv(tensor, peer, tag)
 
+    #: Whether a group whose ranks share a host runs its mismatch check through the shared-memory arena
+    #: (one sync of step words, a few µs) instead of :meth:`agree`: true where a round trip of the
+    #: backend's own costs far more than that (gloo's: hundreds of µs through its threads and sockets).
+    CHECK_IN_SHARED_MEMORY: ClassVar[bool] = False
+
     def agree(self, digest: int, deadline: Optional[float], tensor: Optional[torch.Tensor] = None,
               op: Optional[str] = None) -> int:
         """Whether every rank of the communicator passed the same ``digest`` (an int in ``[0, 2**62)``):

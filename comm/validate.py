@@ -235,9 +235,6 @@ def _selection_logged() -> bool:
     return select.log.isEnabledFor(10)
 
 
-_logged = select.log.isEnabledFor  # the short path's check, one call cheaper
-
-
 def _timeout(timeout, what: str) -> Optional[float]:
     """A call's own ``timeout`` in seconds (``None``: the group's); negative or not a number raises."""
     from .work import timeout_seconds
@@ -273,39 +270,6 @@ def all_reduce(tensor, op, group, async_op, algorithm, compression, state) -> Ca
         return Call("all_reduce", g, (_flat(tensor), name), name, -1, algo, fn, None, async_op, None, (tensor,), (),
                     nbytes, tensor.numel(), tensor.dtype)
     return _onebit(tensor, name, g, async_op, algorithm, compression, state, nbytes)
-
-
-# -- the short path of a blocking all_reduce ----------------------------------------------------------
-
-_Tensor = torch.Tensor
-
-
-def short_all_reduce(tensor, op, group, algorithm) -> bool:
-    """Run a blocking SUM all_reduce of a dense CPU tensor on a cell checked before, without a ``Call``.
-
-    The checks ``all_reduce`` makes once per cell (group, dtype, op, algorithm: see
-    ``short_path.remember``) are not repeated; what can change from call to call is: the tensor
-    (contiguous, on the CPU, not a subclass), its size ("auto" picks by size) and the group's state
-    (``Group.run_short``, which also runs the mismatch check).  True when the call ran; False when it
-    must take the full path (``all_reduce`` then ``Group.run``), which raises any error.
-    """
-    if op is not _SUM or type(tensor) is not _Tensor:
-        return False
-    g = WORLD.default if group is None else group
-    if type(g) is not Group:
-        g = getattr(g, "zerocomm_group", None)  # the ProcessGroup new_group returned
-        if type(g) is not Group:
-            return False
-    rows = g.short.get((algorithm, tensor.dtype))
-    if not rows or not tensor.is_contiguous() or not tensor.is_cpu or _logged(10):
-        return False
-    row = rows[0]
-    if len(rows) > 1:
-        numel = tensor.numel()
-        for row in rows:
-            if numel <= row[0]:
-                break
-    return g.run_short(row[1], tensor if tensor.dim() == 1 else tensor.view(-1), "sum", row[2])
 
 
 def _sparse_all_reduce(tensor, op, g: Group, async_op) -> Call:
@@ -554,12 +518,16 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
         rides = call.collective == "all_reduce" and call.algorithm == "native" and call.options is None
         try:
             code = digest(tag, call.numel, hash(cell))
-            if call.algorithm == "shm" and getattr(group.communicator, "_zerocomm_one_host", False):
-                # armed: checked in the call's first sync through the shared segment, no round trip of its
-                # own (``Group.execute`` settles it); across hosts shm calls refuse or, as shared_empty,
-                # fall back, and the backend checks them
-                from .shm import expect
-                expect(group.communicator, code, (tag, call.numel, *cell), tag=tag, deadline=deadline)
+            through_shm = call.algorithm == "shm" or group.communicator.CHECK_IN_SHARED_MEMORY
+            if through_shm and getattr(group.communicator, "_zerocomm_one_host", False):
+                # armed: checked in the first sync through the shared segment, no round trip of its own.  An
+                # shm call syncs before it reads a peer's byte (``Group.execute`` settles it if it never
+                # synced); any other call syncs now, before it moves a byte.  Across hosts shm calls refuse
+                # or, as shared_empty, fall back, and the backend checks them.
+                from . import shm
+                shm.expect(group.communicator, code, (tag, call.numel, *cell), tag=tag, deadline=deadline)
+                if call.algorithm != "shm":
+                    shm.settle(group.communicator, deadline)
                 return False
             else:
                 agreed = group.communicator.agree(code, deadline, call.args[0] if rides else None, call.op)

@@ -124,6 +124,7 @@ class GlooBackend(Backend):
     name = "gloo"
     device_type = "cpu"
     ANY_SOURCE = True
+    CHECK_IN_SHARED_MEMORY = True
 
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta):
         self.store = store
