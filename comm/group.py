@@ -425,6 +425,8 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
         for most, function, check in rows:  # "auto"'s rows by size
             if numel <= most:
                 break
+    if check is not None and check[3] == 2 and "_zerocomm_shm" not in g.communicator.__dict__:
+        return False  # the full path makes the arena (validate.check_in_segment), or falls back to the backend
     if tensor.dim() != 1:
         tensor = tensor.view(-1)
     lock = g._lock

@@ -70,10 +70,8 @@ try:
 except ImportError:
     _shmfast = None
 
-#: Where segments are created (a tmpfs on Linux).
-SHM_DIR = "/dev/shm"
-#: Segment names start with this, then the creator's pid: ``zerocomm-<pid>-<random>``.
-PREFIX = "zerocomm-"
+#: Where segments are created (a tmpfs on Linux), named ``PREFIX<creator's pid>-<random>``.
+SHM_DIR, PREFIX = "/dev/shm", "zerocomm-"
 #: Bytes of one rank's control line (two cache lines: no false sharing between ranks' words).
 LINE = 128
 #: Bytes of one rank's slot in one of the three round buffers (pieces of a message are at most this).
@@ -90,8 +88,7 @@ CROSS_MEMORY = True
 #: Most numpy arrays over small user tensors' memory an arena keeps (``Arena.numpy_view``).
 _NUMPY_VIEWS = 16
 _MISSING = object()
-#: Bytes of a segment name as exchanged.
-_NAME_BYTES = 64
+_NAME_BYTES = 64  # of a segment name as exchanged
 
 _MASK = 0xFFFFFFFF
 _WORDS = LINE // 4  # u32 words per line
@@ -160,7 +157,7 @@ def _futex_wake(address: int) -> None:
         _syscall(_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
 
-_NUMPY_DTYPES: dict = {}
+_NUMPY_DTYPES: dict = {}  # torch dtype -> numpy dtype or None
 
 
 def _numpy_dtype(dtype: torch.dtype) -> Optional[np.dtype]:
@@ -226,7 +223,7 @@ def _map(path: str, nbytes: int, create: bool) -> mmap.mmap:
         os.close(fd)
 
 
-def _wait(req, deadline: Optional[float]) -> None:
+def _wait(req, deadline: Optional[float]) -> None:  # a transport request, waited for until the deadline
     req.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
@@ -234,45 +231,47 @@ def map_together(t: Transport, nbytes: int, *, tag: int, deadline: Optional[floa
     """One segment of ``nbytes`` (zero-filled) mapped by every rank of ``t``; its name is gone from
     ``/dev/shm`` when this returns.  Every rank calls it together with the call's ``tag``.
 
-    Rank 0 creates the file and sends its name to every peer; each peer maps it and answers; rank 0
-    unlinks it once all have answered (or on any failure).
+    Rank 0 creates the file and sends its name (empty if it could not) to every peer; each peer maps it
+    and answers; rank 0 unlinks it and sends every peer the verdict, so that a failure anywhere raises
+    ``UnsupportedError`` on every rank, at once.
     """
-    name = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
+    name, verdict, failure = torch.zeros(_NAME_BYTES, dtype=torch.uint8), torch.ones(1, dtype=torch.uint8), None
+    mm = None
     if t.rank == 0:
         sweep_stale()
         path = os.path.join(SHM_DIR, f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
         try:
-            mm = _map(path, nbytes, create=True)
-            encoded = path.encode()
-            name[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
-            sends = [t.isend(name, peer, tag) for peer in range(1, t.size)]
-            acks = [torch.zeros(1, dtype=torch.uint8) for _ in range(1, t.size)]
-            recvs = [t.irecv(ack, peer, tag) for peer, ack in zip(range(1, t.size), acks)]
-            for req in sends + recvs:
+            try:
+                mm = _map(path, nbytes, create=True)
+                name[:len(path.encode())] = torch.frombuffer(bytearray(path.encode()), dtype=torch.uint8)
+            except OSError as error:
+                failure = f"rank 0 cannot create {path} ({error})"
+            acks = {peer: torch.zeros(1, dtype=torch.uint8) for peer in range(1, t.size)}
+            for req in [t.isend(name, p, tag) for p in acks] + [t.irecv(ack, p, tag) for p, ack in acks.items()]:
                 _wait(req, deadline)
         finally:
-            try:
+            if os.path.exists(path):  # created, even where mapping it failed
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
-        failed = [peer for peer, ack in zip(range(1, t.size), acks) if int(ack) != 1]
-        if failed:
-            raise UnsupportedError(f"rank {t.rank}: shm: ranks {failed} could not map {path} although they report "
-                                   f"the same host; set {topology.HOST_ENV} per shared /dev/shm, or use "
-                                   f"algorithm='ring'")
-        return mm
-    _wait(t.irecv(name, 0, tag), deadline)
-    path = bytes(name.tolist()).rstrip(b"\0").decode()
-    ack = torch.ones(1, dtype=torch.uint8)
-    try:
-        mm = _map(path, nbytes, create=False)
-    except OSError as error:
-        ack.zero_()
-        _wait(t.isend(ack, 0, tag), deadline)
-        raise UnsupportedError(f"rank {t.rank}: shm: cannot map rank 0's segment {path} ({error}) although it "
-                               f"reports the same host; set {topology.HOST_ENV} per shared /dev/shm, or use "
-                               f"algorithm='ring'") from None
-    _wait(t.isend(ack, 0, tag), deadline)
+        failed = [peer for peer, ack in acks.items() if int(ack) != 1]
+        failure = failure or (f"ranks {failed} could not map {path}" if failed else None)
+        verdict.fill_(failure is None)
+        for req in [t.isend(verdict, peer, tag) for peer in acks]:
+            _wait(req, deadline)
+    else:
+        _wait(t.irecv(name, 0, tag), deadline)
+        path = bytes(name.tolist()).rstrip(b"\0").decode()
+        try:
+            mm = _map(path, nbytes, create=False) if path else None
+        except OSError as error:
+            failure = f"rank {t.rank} cannot map rank 0's segment {path} ({error})"
+        _wait(t.isend(torch.tensor([mm is not None], dtype=torch.uint8), 0, tag), deadline)
+        _wait(t.irecv(verdict, 0, tag), deadline)
+        failure = failure or (None if int(verdict) else "rank 0 or a peer could not make or map the segment")
+    if failure is not None:
+        if mm is not None:
+            mm.close()
+        raise UnsupportedError(f"rank {t.rank}: shm: {failure} although every rank reports the same host; set "
+                               f"{topology.HOST_ENV} per shared /dev/shm, or use algorithm='ring'")
     return mm
 
 

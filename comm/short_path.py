@@ -15,6 +15,7 @@ import torch
 from . import select
 from .algorithms import ALGORITHMS
 from .group import WORLD, Group
+from .topology import one_host
 
 
 def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
@@ -45,9 +46,13 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
         check = None
         if config.check and g.size() > 1:
             cell = fingerprint_cell("all_reduce", "sum", dtype, -1, algorithm)
+            backend = g.communicator
             through_shm = 0
-            if getattr(g.communicator, "_zerocomm_one_host", False):
-                through_shm = 1 if algorithm == "shm" else (2 if g.communicator.CHECK_IN_SHARED_MEMORY else 0)
+            if algorithm == "shm" and one_host(backend):
+                through_shm = 1
+            elif (backend.CHECK_IN_SHARED_MEMORY and one_host(backend)
+                  and not backend.__dict__.get("_zerocomm_no_segment")):  # as validate.check_in_segment
+                through_shm = 2
             check = (hash(cell), cell, algorithm == "native" and not through_shm, through_shm)
         return (max_numel, function, check)
 

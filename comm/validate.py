@@ -29,6 +29,7 @@ from .group import NON_GROUP_MEMBER, WORLD, Group, digest
 from .transport import AGREE_AND_REDUCED, USER_TAG_LIMIT
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
 from .sparse import all_reduce_sparse
+from .topology import one_host
 
 _DTYPES = frozenset(SUPPORTED_DTYPES)
 _OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -518,16 +519,17 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
         rides = call.collective == "all_reduce" and call.algorithm == "native" and call.options is None
         try:
             code = digest(tag, call.numel, hash(cell))
-            through_shm = call.algorithm == "shm" or group.communicator.CHECK_IN_SHARED_MEMORY
-            if through_shm and getattr(group.communicator, "_zerocomm_one_host", False):
-                # armed: checked in the first sync through the shared segment, no round trip of its own.  An
-                # shm call syncs before it reads a peer's byte (``Group.execute`` settles it if it never
-                # synced); any other call syncs now, before it moves a byte.  Across hosts shm calls refuse
-                # or, as shared_empty, fall back, and the backend checks them.
+            if call.algorithm == "shm" and one_host(group.communicator):
+                # armed: checked in the first sync through the shared segment, no round trip of its own (an
+                # shm call syncs before it reads a peer's byte; ``Group.execute`` settles it if it never
+                # synced).  Across hosts shm calls refuse or, as shared_empty, fall back: the backend checks.
                 from . import shm
                 shm.expect(group.communicator, code, (tag, call.numel, *cell), tag=tag, deadline=deadline)
-                if call.algorithm != "shm":
-                    shm.settle(group.communicator, deadline)
+                return False
+            if check_in_segment(group, tag, deadline):  # a sync of the segment now, before any byte moves
+                from . import shm
+                shm.expect(group.communicator, code, (tag, call.numel, *cell), tag=tag, deadline=deadline)
+                shm.settle(group.communicator, deadline)
                 return False
             else:
                 agreed = group.communicator.agree(code, deadline, call.args[0] if rides else None, call.op)
@@ -539,6 +541,25 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
                                "alive but stuck, or called something else first") from None
     name_mismatch(group, (tag, call.numel, *cell), deadline)
     return False
+
+
+def check_in_segment(group: Group, tag: int, deadline: Optional[float]) -> bool:
+    """Whether ``group``'s mismatch checks run through its shared-memory arena (one sync of step words)
+    rather than ``Backend.agree``: where the backend says its own round trip costs far more
+    (``CHECK_IN_SHARED_MEMORY``) and every rank is on one host.  Makes the arena on first use (every rank
+    together, with the call's ``tag``); if the ranks cannot share a segment after all (``UnsupportedError``,
+    raised on every rank at once), the communicator remembers it and the backend checks from then on."""
+    backend = group.communicator
+    if not backend.CHECK_IN_SHARED_MEMORY or not one_host(backend) or backend.__dict__.get("_zerocomm_no_segment"):
+        return False
+    from . import shm
+    try:
+        shm.arena(backend, tag=tag, deadline=deadline)
+    except UnsupportedError:
+        backend._zerocomm_no_segment = True
+        group.short.clear()  # its rows check through the segment: the next call makes them again
+        return False
+    return True
 
 
 def name_mismatch(group: Group, mine: tuple, deadline: Optional[float]) -> None:

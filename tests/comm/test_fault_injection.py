@@ -249,3 +249,52 @@ def test_a_single_host_store_listens_on_loopback_only(monkeypatch):
         assert listening == {"0100007F"}, listening  # 127.0.0.1, little-endian hex
     finally:
         dist.destroy_process_group()
+
+
+def _without_a_segment(blocked_rank):
+    """On a fresh group, ``blocked_rank`` cannot create or map a shared segment (as where its /dev/shm is not
+    the others'): an "shm"
+    call raises ``UnsupportedError`` on every rank at once (no rank waits for the others), and gloo's checks
+    fall back to the backend, on every rank, and still catch a mismatch."""
+    import torch
+
+    from zerocomm.comm import shm
+    rank, n = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(list(range(n)))
+    saved = shm._map
+
+    def refused_map(path, nbytes, create):
+        raise PermissionError(13, "Permission denied", path)
+
+    if rank == blocked_rank:
+        shm._map = refused_map
+    try:
+        x = torch.full((3,), float(rank + 1))
+        try:
+            dist.all_reduce(x.clone(), group=group, algorithm="shm")
+            refused = "no error"
+        except dist.UnsupportedError as error:
+            refused = str(error)
+        dist.all_reduce(x, group=group, algorithm="native")  # no segment: the backend checks, the call runs
+        dist.all_reduce(x, group=group, algorithm="native")  # the short path, built again without the segment
+        backend = group.zerocomm_group.communicator
+        fell_back = bool(backend.__dict__.get("_zerocomm_no_segment")) and "_zerocomm_shm" not in backend.__dict__
+        try:
+            dist.all_reduce(torch.ones(5 if rank == n - 1 else 4), group=group, algorithm="native")
+            mismatch = "no error"
+        except dist.CollectiveMismatchError:
+            mismatch = "CollectiveMismatchError"
+        return refused, x.tolist(), fell_back, mismatch
+    finally:
+        shm._map = saved
+        dist.destroy_process_group(group)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("blocked_rank", [0, 2], ids=["creator", "peer"])
+@pytest.mark.parametrize("world", [("gloo", 3)], indirect=True)
+def test_gloo_checks_fall_back_to_the_backend_where_no_segment_can_be_shared(world, blocked_rank):
+    total = 1 + 2 + 3
+    for refused, values, fell_back, mismatch in world.run(_without_a_segment, blocked_rank, timeout=30):
+        assert " shm: " in refused and "ZEROCOMM_HOST" in refused, refused  # UnsupportedError, on every rank
+        assert values == [total * 3.0] * 3 and fell_back and mismatch == "CollectiveMismatchError"
