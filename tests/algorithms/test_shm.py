@@ -163,6 +163,25 @@ def test_large_all_reduce_both_schedules(monkeypatch, n, allowed):
             checks.check_all_reduce(fn("all_reduce"), n, numel, dtype, op, segment)
 
 
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_reduce_scatter_and_gathers_read_peers_inputs_where_they_lie(monkeypatch, n):
+    """The direct schedules of reduce_scatter, all_gather and gather (every size counts as large here,
+    in blocks far smaller than a chunk): every (dtype, op) cell, uneven chunk sizes, in place and not."""
+    monkeypatch.setattr(shm_schedules, "DIRECT_BYTES", 1)
+    monkeypatch.setattr(shm_schedules, "BLOCK_BYTES", 1000)
+    if not _cross_memory_works():
+        pytest.skip("this kernel refuses process_vm_readv between the test's ranks: only the slot schedules run")
+    for dtype, op in CELLS:
+        for chunk in (1, 7, 1001):
+            checks.check_reduce_scatter(fn("reduce_scatter"), n, chunk, dtype, op, SMALL_SEGMENT)
+            checks.check_reduce_scatter(fn("reduce_scatter"), n, chunk, dtype, op, SMALL_SEGMENT, in_place=True)
+    for dtype in (torch.float32, torch.bool):
+        for numel in (1, 1001):
+            checks.check_all_gather(fn("all_gather"), n, numel, dtype, SMALL_SEGMENT)
+            checks.check_all_gather(fn("all_gather"), n, numel, dtype, SMALL_SEGMENT, in_place=True)
+            checks.check_gather(fn("gather"), n, numel, dtype, n - 1, SMALL_SEGMENT)
+
+
 def test_small_all_reduce_views_follow_the_memory():
     """The small path's cached numpy views are keyed by address, size and dtype: the same memory read as
     another dtype, a tensor resized in place (its storage stays resizable), and a fresh tensor each call
