@@ -1,7 +1,7 @@
 """Which blocking all_reduce calls may take the short path, decided once per cell.
 
-``validate.short_all_reduce`` runs a blocking SUM all_reduce of a dense CPU tensor straight
-through ``Group.run_short``, skipping the call record, when an earlier call of the same cell
+``group.short_all_reduce`` runs a blocking SUM all_reduce of a dense CPU tensor straight from the
+public function, skipping the checks and the call record, when an earlier call of the same cell
 (group, requested algorithm, dtype) went through the full checks.  :func:`remember` is where
 a cell is admitted, from the full path's first call; ``Group.short`` holds the answer and is
 emptied when the configuration changes.
@@ -22,10 +22,10 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     """Let SUM all_reduce calls of ``dtype`` with ``algorithm=requested`` on ``g`` take the short path.
 
     Only where the full path would do nothing more than run the algorithm, with the default mismatch
-    check (``run_short`` runs that check too): a CPU group, no debug fingerprint (debug all-gathers whole
+    check (``short_all_reduce`` runs that check too): a CPU group, no debug fingerprint (debug all-gathers whole
     fingerprints), no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
     elements of ``dtype`` (one unbounded row for an explicit algorithm): ``(most elements, function,
-    check)``, where ``check`` is ``(hash of the cell, cell, rides, through_shm)`` for ``Group.run_short``
+    check)``, where ``check`` is ``(hash of the cell, cell, rides, through_shm)`` for ``short_all_reduce``
     (``rides``: a native all_reduce may ride in ``Backend.agree``; ``through_shm``: 0 through ``agree``,
     1 in an shm call's first sync, 2 in a sync of the segment before the call, as ``validate.cross_check``
     checks), or ``None`` when the check is off.

@@ -29,7 +29,6 @@ from .group import NON_GROUP_MEMBER, WORLD, Group, digest
 from .transport import AGREE_AND_REDUCED, USER_TAG_LIMIT
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
 from .sparse import all_reduce_sparse
-from .topology import one_host
 
 _DTYPES = frozenset(SUPPORTED_DTYPES)
 _OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -519,7 +518,7 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
         rides = call.collective == "all_reduce" and call.algorithm == "native" and call.options is None
         try:
             code = digest(tag, call.numel, hash(cell))
-            if call.algorithm == "shm" and one_host(group.communicator):
+            if call.algorithm == "shm" and getattr(group.communicator, "_zerocomm_one_host", False):  # topology
                 # armed: checked in the first sync through the shared segment, no round trip of its own (an
                 # shm call syncs before it reads a peer's byte; ``Group.execute`` settles it if it never
                 # synced).  Across hosts shm calls refuse or, as shared_empty, fall back: the backend checks.
@@ -550,7 +549,8 @@ def check_in_segment(group: Group, tag: int, deadline: Optional[float]) -> bool:
     together, with the call's ``tag``); if the ranks cannot share a segment after all (``UnsupportedError``,
     raised on every rank at once), the communicator remembers it and the backend checks from then on."""
     backend = group.communicator
-    if not backend.CHECK_IN_SHARED_MEMORY or not one_host(backend) or backend.__dict__.get("_zerocomm_no_segment"):
+    if (not backend.CHECK_IN_SHARED_MEMORY or not getattr(backend, "_zerocomm_one_host", False)  # topology.one_host
+            or backend.__dict__.get("_zerocomm_no_segment")):
         return False
     from . import shm
     try:
