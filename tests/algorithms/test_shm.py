@@ -135,9 +135,11 @@ def test_zero_copy_inputs(n, who):
 
 
 def _cross_memory_works() -> bool:
-    """Whether this process may read its own memory with process_vm_readv (threads-as-ranks share it)."""
+    """Whether this process may read and write its own memory with process_vm_readv/writev (threads-as-ranks
+    share it)."""
     probe, into = torch.tensor([12345], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
-    return shm.read_peer(os.getpid(), probe.data_ptr(), into) == 8 and int(into) == 12345
+    readable = shm.read_peer(os.getpid(), probe.data_ptr(), into) == 8 and int(into) == 12345
+    return readable and shm.write_peer(os.getpid(), probe.data_ptr(), into) == 8
 
 
 @pytest.mark.parametrize("allowed", [True, False], ids=["cross-memory", "slots-only"])
