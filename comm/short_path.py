@@ -30,7 +30,7 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     1 in an shm call's first sync, 2 in a sync of the segment before the call, as ``validate.cross_check``
     checks), or ``None`` when the check is off.
     """
-    from .validate import fingerprint_cell, _selection_logged  # validate imports this module first
+    from .validate import fingerprint_cell, _selection_logged, segment_checks  # validate imports this module first
     config = WORLD.config
     if config.debug or not g.on_cpu or _selection_logged():
         return
@@ -50,8 +50,7 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
             through_shm = 0
             if algorithm == "shm" and one_host(backend):
                 through_shm = 1
-            elif (backend.CHECK_IN_SHARED_MEMORY and one_host(backend)
-                  and not backend.__dict__.get("_zerocomm_no_segment")):  # as validate.check_in_segment
+            elif segment_checks(backend):
                 through_shm = 2
             check = (hash(cell), cell, algorithm == "native" and not through_shm, through_shm)
         return (max_numel, function, check)

@@ -542,6 +542,14 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
     return False
 
 
+def segment_checks(backend) -> bool:
+    """Whether ``backend``'s calls other than "shm" ones are checked through its shm arena: it says so
+    (``CHECK_IN_SHARED_MEMORY``), every rank is on one host, and no segment failed to be made.  Read by
+    :func:`check_in_segment` and by ``short_path.remember``, so both paths check the same way."""
+    return (backend.CHECK_IN_SHARED_MEMORY and getattr(backend, "_zerocomm_one_host", False)  # topology.one_host
+            and not backend.__dict__.get("_zerocomm_no_segment"))
+
+
 def check_in_segment(group: Group, tag: int, deadline: Optional[float]) -> bool:
     """Whether ``group``'s mismatch checks run through its shared-memory arena (one sync of step words)
     rather than ``Backend.agree``: where the backend says its own round trip costs far more
@@ -549,8 +557,7 @@ def check_in_segment(group: Group, tag: int, deadline: Optional[float]) -> bool:
     together, with the call's ``tag``); if the ranks cannot share a segment after all (``UnsupportedError``,
     raised on every rank at once), the communicator remembers it and the backend checks from then on."""
     backend = group.communicator
-    if (not backend.CHECK_IN_SHARED_MEMORY or not getattr(backend, "_zerocomm_one_host", False)  # topology.one_host
-            or backend.__dict__.get("_zerocomm_no_segment")):
+    if not segment_checks(backend):
         return False
     from . import shm
     try:

@@ -298,7 +298,7 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
                 combine(mine, views[p][b0:b1])
             else:
                 part = scratch[:b1 - b0]
-                _peer_io(a, p, shm.read_peer(a.pid(p), addresses[p] + b0 * es, part), part.nbytes, what, "read")
+                _peer_read(a, parity, p, b0, part, what)
                 combine(mine, part)
         _finalize(mine, op, n)
         for p in peers:
@@ -314,9 +314,9 @@ def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, dea
     """Reduce the flat ``tensor`` across all ranks in place, through shared memory (every rank calls it).
 
     Up to ``SMALL_BYTES``: one sync.  Larger: where the arena agreed that peers' memory can be read and
-    written, every peer's tensor is read and written where it lies (``_reduce_direct``, two syncs); else pipelined through the slots
-    in pieces of ``min(segment_bytes, SLOT_BYTES)``, one sync a round, tensors from ``shared_empty``
-    on every rank read in place (zero-copy).  Every rank ends with the same bits.
+    written, every peer's tensor is read and written where it lies (``_reduce_direct``, two syncs);
+    else pipelined through the slots in pieces of ``min(segment_bytes, SLOT_BYTES)``, one sync a round,
+    tensors from ``shared_empty`` on every rank read in place (zero-copy).  Every rank ends with the same bits.
     ``UnsupportedError`` if the ranks are not on one host.
     """
     a = getattr(t, "_zerocomm_shm", None)  # the arena, once made: the common case costs one lookup
@@ -393,7 +393,7 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
 
 def _publish_address(a: shm.Arena, tensor: torch.Tensor, deadline, what: str) -> tuple:
     """Publish ``tensor``'s address, sync (the call's first: its mismatch check rides in it); returns
-    ``(parity, peers)`` for :func:`_peer_tensor_read`."""
+    ``(parity, peers)`` for :func:`_peer_read`."""
     parity = a.begin()
     a.publish(parity, 2, tensor.data_ptr())
     a.sync(deadline, what)
