@@ -20,7 +20,7 @@ from typing import List, Optional
 import torch
 
 from . import torch_events, validate
-from .group import WORLD, short_all_reduce
+from .group import WORLD, ride_all_reduce, short_all_reduce
 from .reduce_op import ReduceOp
 from .traffic import TrafficCounter, observing
 from .validate import resolve_group  # noqa: F401  (p2p and objects resolve groups the same way)
@@ -59,7 +59,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, a
     mean) with the caller's ``compression_state`` (a ``zerocomm.ops.ErrorFeedback``, one per tensor);
     ``algorithm`` then names the algorithm of its two sub-collectives ("native", "ring" or "tree").
     """
-    if not async_op and compression is None and short_all_reduce(tensor, op, group, algorithm):
+    if not async_op and compression is None and \
+            (ride_all_reduce if WORLD.rides else short_all_reduce)(tensor, op, group, algorithm):
         return None  # a cell checked before, run at once (see group.short_all_reduce)
     call = validate.all_reduce(tensor, op, group, async_op, algorithm, compression, compression_state)
     if _profiling():

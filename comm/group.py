@@ -33,6 +33,11 @@ from .group_methods import ProcessGroupMethods
 from .transport import AGREE_AND_REDUCED, USER_TAG_LIMIT, Backend, PeerFailure
 from .work import Work
 
+try:
+    from . import _shortpath  # the riding case of the short path in C, optional (see short_all_reduce)
+except ImportError:
+    _shortpath = None
+
 #: The deadline of a group created without one (``CommConfig.timeout_s``'s default; see docs/failures.md).
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=CommConfig().timeout_s)
 
@@ -355,6 +360,9 @@ class World:
         self._config: Optional[CommConfig] = None
         #: Call observers (byte counters, the profiler); see ``traffic.py``.
         self.observers: list = []
+        #: Whether some group's short path has a riding row (``Backend.rider``): the public all_reduce then
+        #: enters the short path through ``ride_all_reduce`` (see ``short_all_reduce``).
+        self.rides = False
 
     @property
     def config(self) -> CommConfig:
@@ -383,6 +391,7 @@ class World:
         self.groups.clear()
         self.group_count = 0
         self._config = None
+        self.rides = False
 
 
 #: The only module-level mutable state in zerocomm: the default world.
@@ -396,18 +405,29 @@ _SUM = ReduceOp.SUM
 _logged = select.log.isEnabledFor  # selection logging asks for the full path (it logs each choice)
 
 
+#: How a short-path row checks that every rank made the same call (``short_path.remember`` picks one):
+#: not at all (the check is off); through ``Backend.agree``, where the tensor may ride in the check's own
+#: message or not; in an shm call's first sync; or in a sync of the segment before the call.
+CHECK_OFF, CHECK_RIDES, CHECK_AGREE, CHECK_IN_FIRST_SYNC, CHECK_IN_SYNC = range(5)
+
+
 def short_all_reduce(tensor, op, group, algorithm) -> bool:
     """Run a blocking SUM all_reduce of a dense CPU tensor on a cell checked before, now, on this thread,
     without a call record.  True when the call ran; False when it must take the full path
     (``validate.all_reduce`` then :meth:`Group.run`), which raises any error.
 
     ``validate.all_reduce`` admits a cell (group, requested algorithm, dtype) after its first call passed
-    the full checks (``short_path.remember``, which also fills the rows: "auto"'s choice by size, and
-    the mismatch check).  Checked here is only what can change from call to call: the tensor (dense,
-    contiguous, on the CPU, not a subclass), its size, and the group's state -- the call runs only if
-    nothing else needs doing first: no other thread holds the group, no call queued, the group neither
-    failed nor destroyed, no observer or profiler watching.  It is ``run`` + ``execute`` for that case:
-    the same order (a tag taken under the lock, held while it runs), check, deadline and typed errors.
+    the full checks (``short_path.remember``, which also fills the rows ``(most elements, function, check,
+    hash of the cell, cell)``: "auto"'s choice by size, and how the mismatch check runs).  Checked here is
+    only what can change from call to call: the tensor (dense, contiguous, on the CPU, not a subclass), its
+    size, and the group's state -- the call runs only if nothing else needs doing first: no other thread
+    holds the group, no call queued, the group neither failed nor destroyed, no observer or profiler
+    watching.  It is ``run`` + ``execute`` for that case: the same order (a tag taken under the lock, held
+    while it runs), check, deadline and typed errors.  Every line here costs on every small call, so
+    the case that costs least on the wire -- a cell whose tensor rides in the check's own message
+    (``Backend.rider``) -- runs these same steps in C where that extension is built: the public
+    all_reduce then calls ``ride_all_reduce`` (``_shortpath.short_all_reduce``), which calls this
+    function for the rest.
     """
     if op is not _SUM or type(tensor) is not _Tensor:
         return False
@@ -417,49 +437,47 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
         if type(g) is not Group:
             return False
     rows = g.short.get((algorithm, tensor.dtype))
-    if not rows or not tensor.is_contiguous() or not tensor.is_cpu or _logged(10):
+    if rows is None or not tensor.is_contiguous() or not tensor.is_cpu or _logged(10):
         return False
     numel = tensor.numel()
-    _, function, check = rows[0]
-    if len(rows) > 1:
-        for most, function, check in rows:  # "auto"'s rows by size
+    most, function, check, code, cell, _ = rows[0]
+    if numel > most:  # "auto"'s rows by size, the last one unbounded
+        for most, function, check, code, cell, _ in rows:
             if numel <= most:
                 break
-    if check is not None and check[3] == 2 and "_zerocomm_shm" not in g.communicator.__dict__:
+    communicator = g.communicator
+    if check == CHECK_IN_SYNC and "_zerocomm_shm" not in communicator.__dict__:
         return False  # the full path makes the arena (validate.check_in_segment), or falls back to the backend
-    if tensor.dim() != 1:
-        tensor = tensor.view(-1)
     lock = g._lock
     if not lock.acquire(False):
         return False
     try:
         if g._pending or g.failure is not None or g._closed or WORLD.observers or _profiler_enabled():
             return False
-        g._seq += 1
-        tag = USER_TAG_LIMIT + g._seq % _TAG_SPAN
+        g._seq = seq = g._seq + 1
+        tag = USER_TAG_LIMIT + seq % _TAG_SPAN
         start = time.monotonic()
         deadline = start + g._timeout_s
-        communicator = g.communicator
         try:
-            if check is None:
-                function(communicator, tensor, "sum", tag=tag, deadline=deadline, segment_bytes=g.short_segment_bytes)
-            elif check[3]:  # through the segment: in an shm call's first sync (1), or in a sync now (2)
-                arena = communicator.__dict__.get("_zerocomm_shm") or shm.arena(communicator, tag=tag,
-                                                                                 deadline=deadline)
-                arena.expect(hash((tag, numel, check[0])) & _DIGEST_MASK, (tag, numel, *check[1]))  # = digest()
-                if check[3] == 2:
-                    arena.settle(deadline)
-                function(communicator, tensor, "sum", tag=tag, deadline=deadline, segment_bytes=g.short_segment_bytes)
-                arena.settle(deadline)
-            else:
-                agreed = communicator.agree(hash((tag, numel, check[0])) & _DIGEST_MASK,  # = digest(), inlined
-                                            deadline, tensor if check[2] else None, "sum")
+            if check == CHECK_RIDES or check == CHECK_AGREE:
+                agreed = communicator.agree(hash((tag, numel, code)) & _DIGEST_MASK,  # = digest(), inlined
+                                            deadline, tensor if check == CHECK_RIDES else None, "sum")
                 if agreed == AGREE_AND_REDUCED:
                     return True
                 if not agreed:
                     from .validate import name_mismatch  # the rare path: a late import
-                    name_mismatch(g, (tag, numel, *check[1]), deadline)
-                function(communicator, tensor, "sum", tag=tag, deadline=deadline, segment_bytes=g.short_segment_bytes)
+                    name_mismatch(g, (tag, numel, *cell), deadline)
+            elif check != CHECK_OFF:  # through the segment
+                arena = communicator.__dict__.get("_zerocomm_shm") or shm.arena(communicator, tag=tag,
+                                                                                 deadline=deadline)
+                arena.expect(hash((tag, numel, code)) & _DIGEST_MASK, (tag, numel, *cell))  # = digest()
+                if check == CHECK_IN_SYNC:
+                    arena.settle(deadline)
+            if tensor.dim() != 1:
+                tensor = tensor.view(-1)
+            function(communicator, tensor, "sum", tag=tag, deadline=deadline, segment_bytes=g.short_segment_bytes)
+            if check >= CHECK_IN_FIRST_SYNC:
+                arena.settle(deadline)
         except TimeoutError as error:
             raise g._timed_out("all_reduce", g._timeout_s, error, start) from None
         except PeerFailure as failure:
@@ -469,3 +487,35 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
     finally:
         lock.release()
     return True
+
+
+def _rode_badly(g: Group, tensor, outcome: int, failure, tag: int, numel: int, row: tuple, start: float,
+                deadline: float) -> bool:
+    """Report a call ``_shortpath.ride`` ran that failed (``outcome`` 2: the rider's ``failure``) or whose
+    ranks disagreed (1; the tensor untouched).  ``ride`` returned with ``g``'s lock held: released here."""
+    try:
+        try:
+            if outcome == 1:
+                from .validate import name_mismatch  # the rare path: a late import
+                name_mismatch(g, (tag, numel, *row[4]), deadline)
+                # The fingerprints are the same (the digests collided): the call runs after all.
+                row[1](g.communicator, tensor.view(-1), "sum", tag=tag, deadline=deadline,
+                       segment_bytes=g.short_segment_bytes)
+                return True
+            g.communicator.rider_failed(failure)
+        except TimeoutError as error:
+            raise g._timed_out("all_reduce", g._timeout_s, error, start) from None
+        except PeerFailure as peer_failure:
+            raise g._peer_failed("all_reduce", peer_failure) from None
+    finally:
+        g._lock.release()
+    raise AssertionError("Backend.rider_failed returned")  # it raises what the failure was
+
+
+#: ``short_all_reduce`` for a world where some cell rides (``World.rides``): the riding case in C, the
+#: Python steps for the rest -- or the Python function itself where ``_shortpath`` was not built.
+ride_all_reduce = short_all_reduce
+if _shortpath is not None:
+    _shortpath.setup(_Tensor, Group, WORLD, _SUM, _profiler_enabled, _logged, USER_TAG_LIMIT, _TAG_SPAN, _DIGEST_MASK,
+                     CHECK_RIDES, short_all_reduce, _rode_badly)
+    ride_all_reduce = _shortpath.short_all_reduce

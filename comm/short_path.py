@@ -14,7 +14,7 @@ import torch
 
 from . import select
 from .algorithms import ALGORITHMS
-from .group import WORLD, Group
+from .group import CHECK_AGREE, CHECK_IN_FIRST_SYNC, CHECK_IN_SYNC, CHECK_OFF, CHECK_RIDES, WORLD, Group
 from .topology import one_host
 
 
@@ -25,10 +25,11 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     check (``short_all_reduce`` runs that check too): a CPU group, no debug fingerprint (debug all-gathers whole
     fingerprints), no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
     elements of ``dtype`` (one unbounded row for an explicit algorithm): ``(most elements, function,
-    check)``, where ``check`` is ``(hash of the cell, cell, rides, through_shm)`` for ``short_all_reduce``
-    (``rides``: a native all_reduce may ride in ``Backend.agree``; ``through_shm``: 0 through ``agree``,
-    1 in an shm call's first sync, 2 in a sync of the segment before the call, as ``validate.cross_check``
-    checks), or ``None`` when the check is off.
+    check, hash of the cell, cell, rider)``, where ``check`` says how ``short_all_reduce`` runs the mismatch
+    check, as ``validate.cross_check`` would (``group.CHECK_*``: off; through ``Backend.agree``, a
+    native all_reduce's tensor riding in its message; through ``agree`` alone; in an shm call's first
+    sync; in a sync of the segment before the call), and ``rider`` is the backend's ``Backend.rider``
+    for a riding row (the C short path runs it), else None.
     """
     from .validate import fingerprint_cell, _selection_logged, segment_checks  # validate imports this module first
     config = WORLD.config
@@ -43,17 +44,20 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
 
     def row(max_numel: int, algorithm: str) -> tuple:
         function = native["all_reduce"] if algorithm == "native" else ALGORITHMS[("all_reduce", algorithm)]
-        check = None
+        cell = fingerprint_cell("all_reduce", "sum", dtype, -1, algorithm)
+        check = CHECK_OFF
         if config.check and g.size() > 1:
-            cell = fingerprint_cell("all_reduce", "sum", dtype, -1, algorithm)
             backend = g.communicator
-            through_shm = 0
             if algorithm == "shm" and one_host(backend):
-                through_shm = 1
+                check = CHECK_IN_FIRST_SYNC
             elif segment_checks(backend):
-                through_shm = 2
-            check = (hash(cell), cell, algorithm == "native" and not through_shm, through_shm)
-        return (max_numel, function, check)
+                check = CHECK_IN_SYNC
+            else:
+                check = CHECK_RIDES if algorithm == "native" else CHECK_AGREE
+        rider = g.communicator.rider(dtype, "sum") if check == CHECK_RIDES else None
+        if rider is not None:
+            WORLD.rides = True
+        return (max_numel, function, check, hash(cell), cell, rider)
 
     if rule.rows is None:
         rows = (row(select.UNBOUNDED, rule.algorithm),)

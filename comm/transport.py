@@ -29,7 +29,7 @@ group turns only these two into ``CommTimeoutError`` and ``PeerError``.
 from __future__ import annotations
 
 import abc
-from typing import Callable, ClassVar, Mapping, Optional, Sequence
+from typing import Callable, ClassVar, Mapping, NoReturn, Optional, Sequence
 
 import torch
 
@@ -162,6 +162,18 @@ class Backend(Transport):
         native collective.
         """
         raise NotImplementedError(f"{self.name} has no mismatch check")
+
+    def rider(self, dtype: torch.dtype, op: str) -> Optional[tuple]:
+        """``(capsule, most elements, element size)``: a C function that runs :meth:`agree` with a small
+        all_reduce of ``dtype`` and ``op`` riding (up to that many elements), for the short path in C
+        (``comm/_shortpath.c`` states the capsule's contract); or None, the default: the short path then
+        calls :meth:`agree` from Python.  Asked once per cell; the capsule keeps what it points at alive."""
+        return None
+
+    def rider_failed(self, failure) -> NoReturn:
+        """Raise what a rider's ``failure`` (the backend's own description) means: ``TimeoutError`` or
+        :class:`PeerFailure`, as :meth:`agree` would have raised it."""
+        raise NotImplementedError(f"{self.name} has no rider")
 
     @classmethod
     def native_traffic_as(cls, collective: str) -> str:

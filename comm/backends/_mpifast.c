@@ -22,7 +22,7 @@
  * checked(comm, stage, data, nbytes, kind, op, count, digest, deadline) is the mismatch check with a
  * small all_reduce riding on it.  `stage` is the backend's STAGE_BYTES buffer: a header [digest,
  * -digest, kind, op, count] and up to PAYLOAD_BYTES of the tensor's bytes (`data`, `nbytes`; kind -1
- * for the check alone).  It is all-reduced as ONE element of a contiguous STAGE_BYTES type with a
+ * for the check alone); its deadline may also be None (none).  It is all-reduced as ONE element of a contiguous STAGE_BYTES type with a
  * commutative user op (combine, below): every check of every call has this same type signature, so
  * ranks that called different things still make a valid MPI call (no truncation, nothing written
  * outside the stage), and an element is never split.  combine keeps the largest digest and the
@@ -30,6 +30,10 @@
  * ranks agree when the final largest digest equals the smallest.  The user's tensor is written
  * only then.  Returns 0 (agreed; data reduced when given), 1 (disagreed; data untouched), or the
  * failure tuples of allreduce.
+ *
+ * rider(comm, stage, owner, kind, op) wraps the same check for comm/_shortpath.c, which runs a small
+ * blocking all_reduce from the public function to here without Python in between: a capsule named
+ * "zerocomm.rider" whose first member is the function to call (see _shortpath.c for the contract).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -286,6 +290,29 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return failure;
 }
 
+/* The mismatch check with `nbytes` of `data` riding (see the module comment): 0 agreed (data reduced), 1
+ * disagreed (data untouched), 2 failed (*failure set to the failure's tuple, or NULL when building it raised). */
+static unsigned long long checks_run = 0;  /* for the tests: every check, from agree or a rider, is counted */
+
+static int check(int comm, stage_t *stage, unsigned char *data, Py_ssize_t nbytes, int kind, int op, long long count,
+                 long long digest, double deadline, PyObject **failure) {
+    checks_run++;
+    stage->high = digest;
+    stage->negated_low = -digest;
+    stage->kind = (int32_t)(nbytes > 0 ? kind : -1);
+    stage->op = (int32_t)op;
+    stage->count = count;
+    if (nbytes > 0)
+        memcpy(stage->payload, data, (size_t)nbytes);
+    if (!run(stage, 1, stage_type, stage_op, comm, deadline, failure))
+        return 2;
+    if (stage->high != -stage->negated_low)
+        return 1;
+    if (nbytes > 0)
+        memcpy(data, stage->payload, (size_t)nbytes);
+    return 0;
+}
+
 static PyObject *checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError, "checked(comm, stage, data, nbytes, kind, op, count, digest, deadline)");
@@ -299,37 +326,86 @@ static PyObject *checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t nbytes = PyLong_AsSsize_t(args[3]);
     long kind = PyLong_AsLong(args[4]), op = PyLong_AsLong(args[5]);
     long long count = PyLong_AsLongLong(args[6]), digest = PyLong_AsLongLong(args[7]);
-    double deadline = PyFloat_AsDouble(args[8]);
+    double deadline = args[8] == Py_None ? -1.0 : PyFloat_AsDouble(args[8]);
     if (PyErr_Occurred())
         return NULL;
     if (nbytes < 0 || nbytes > PAYLOAD_BYTES || (nbytes > 0 && data == NULL)) {
         PyErr_Format(PyExc_ValueError, "checked: %zd bytes do not fit the %d-byte payload", nbytes, PAYLOAD_BYTES);
         return NULL;
     }
-    stage->high = digest;
-    stage->negated_low = -digest;
-    stage->kind = (int32_t)(nbytes > 0 ? kind : -1);
-    stage->op = (int32_t)op;
-    stage->count = count;
-    if (nbytes > 0)
-        memcpy(stage->payload, data, (size_t)nbytes);
     PyObject *failure = NULL;
-    if (!run(stage, 1, stage_type, stage_op, comm, deadline, &failure))
-        return failure;
-    if (stage->high != -stage->negated_low)
-        return PyLong_FromLong(1);
-    if (nbytes > 0)
-        memcpy(data, stage->payload, (size_t)nbytes);
-    return PyLong_FromLong(0);
+    int outcome = check(comm, stage, data, nbytes, (int)kind, (int)op, count, digest, deadline, &failure);
+    return outcome == 2 ? failure : PyLong_FromLong(outcome);
 }
 
+/* A rider for the C short path (comm/_shortpath.c): its first member is the function that path calls. */
+typedef int (*ride_fn)(void *rider, void *data, Py_ssize_t nbytes, long long numel, long long digest,
+                       double deadline, PyObject **failure);
+typedef struct {
+    ride_fn ride;
+    int comm, kind, op;
+    stage_t *stage;
+    PyObject *keep;  /* the object that owns the stage's memory */
+} rider_t;
+
+static int ride(void *rider_, void *data, Py_ssize_t nbytes, long long numel, long long digest, double deadline,
+                PyObject **failure) {
+    rider_t *rider = (rider_t *)rider_;
+    return check(rider->comm, rider->stage, (unsigned char *)data, nbytes, rider->kind, rider->op, numel, digest,
+                 deadline, failure);
+}
+
+static void drop_rider(PyObject *capsule) {
+    rider_t *rider = (rider_t *)PyCapsule_GetPointer(capsule, "zerocomm.rider");
+    if (rider != NULL) {
+        Py_XDECREF(rider->keep);
+        PyMem_Free(rider);
+    }
+}
+
+static PyObject *make_rider(PyObject *self, PyObject *args) {
+    unsigned long long comm;
+    PyObject *stage, *keep;
+    int kind, op;
+    if (!PyArg_ParseTuple(args, "KOOii", &comm, &stage, &keep, &kind, &op))
+        return NULL;
+    if (!bound())
+        return NULL;
+    if (kind < 0 || kind > 6 || op < 0 || op > 6) {
+        PyErr_Format(PyExc_ValueError, "rider: kind %d or op %d unknown", kind, op);
+        return NULL;
+    }
+    void *address = PyLong_AsVoidPtr(stage);
+    if (address == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "rider: no stage");
+        return NULL;
+    }
+    rider_t *rider = PyMem_Malloc(sizeof(rider_t));
+    if (rider == NULL)
+        return PyErr_NoMemory();
+    *rider = (rider_t){ride, (int)(unsigned int)comm, kind, op, (stage_t *)address, keep};  /* see handle() */
+    Py_INCREF(keep);
+    PyObject *capsule = PyCapsule_New(rider, "zerocomm.rider", drop_rider);
+    if (capsule == NULL) {
+        Py_DECREF(keep);
+        PyMem_Free(rider);
+    }
+    return capsule;
+}
+
+static PyObject *checks(PyObject *self, PyObject *unused) { return PyLong_FromUnsignedLongLong(checks_run); }
+
 static PyMethodDef methods[] = {
+    {"checks", checks, METH_NOARGS, "checks() -> how many mismatch checks ran in C in this process (for tests)"},
     {"bind", bind, METH_VARARGS,
      "bind(path, MPI_BYTE handle): take MPI's functions from the loaded MPICH library at path; the stage's size"},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(comm, address, count, datatype, op, deadline) -> 0 or (kind, request[, detail]); see the module"},
     {"checked", (PyCFunction)(void (*)(void))checked, METH_FASTCALL,
      "checked(comm, stage, data, nbytes, kind, op, count, digest, deadline) -> 0 agreed, 1 not, or a failure"},
+    {"rider", make_rider, METH_VARARGS,
+     "rider(comm, stage, owner, kind, op) -> a capsule for the C short path: checked() with a tensor riding"},
     {NULL, NULL, 0, NULL},
 };
 

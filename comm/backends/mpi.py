@@ -48,7 +48,7 @@ from __future__ import annotations
 import array
 import os
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NoReturn, Optional, Sequence
 
 import torch
 
@@ -113,6 +113,11 @@ _C_OPS = {"sum": 0, "avg": 0, "product": 1, "min": 2, "max": 3, "band": 4, "bor"
 _C_PAYLOAD_BYTES = 224
 #: ``_mpifast.checked``'s payload arguments for a check alone.
 _NO_PAYLOAD = (0, 0, -1, 0, 0)
+#: (dtype, op) -> (kind, op code, most elements, item size, divide after) of a tensor that may ride in the
+#: check's message: whether it rides depends on dtype, op and size alone, the same on every rank.
+_RIDES = {(dtype, op): (kind, code, _C_PAYLOAD_BYTES // dtype.itemsize, dtype.itemsize, op == "avg")
+          for dtype, kind in _C_KINDS.items() for op, code in _C_OPS.items()
+          if code < 4 or not dtype.is_floating_point}
 
 
 def _bind_extension(MPI) -> bool:
@@ -423,22 +428,18 @@ class MpiBackend(Backend):
         # Timed out, the request keeps the buffer (the group is unusable after).
         both = self._agreement
         if self._fast is not None:
-            payload = _NO_PAYLOAD
-            if tensor is not None:
-                key = (tensor.data_ptr(), tensor.numel(), tensor.dtype, op)
-                spec = self._specs.get(key)
-                if spec is None:
-                    spec = self._all_reduce_spec(tensor, op, key)
-                if spec[4] is not None:
-                    payload = spec[4]
-            outcome = self._checked(self._handle, self._agreement_address, *payload, digest,
-                                    -1.0 if deadline is None else deadline)
-            if outcome == 0:
-                if payload is _NO_PAYLOAD:
+            ride = None if tensor is None else _RIDES.get((tensor.dtype, op))  # (kind, op, most elements, ...)
+            if ride is not None and (numel := tensor.numel()) <= ride[2]:
+                outcome = self._checked(self._handle, self._agreement_address, tensor.data_ptr(), numel * ride[3],
+                                        ride[0], ride[1], numel, digest, deadline)
+                if outcome == 0:
+                    if ride[4]:
+                        tensor.div_(self.size)
+                    return AGREE_AND_REDUCED
+            else:
+                outcome = self._checked(self._handle, self._agreement_address, *_NO_PAYLOAD, digest, deadline)
+                if outcome == 0:
                     return AGREE
-                if spec[2]:
-                    tensor.div_(self.size)
-                return AGREE_AND_REDUCED
             if outcome == 1:
                 return DISAGREE
             self._fast_failed(outcome, "every rank to reach the mismatch check", both)
@@ -446,6 +447,18 @@ class MpiBackend(Backend):
         both[1] = -digest
         self._run_all_reduce(self._agreement_spec, deadline, "every rank to reach the mismatch check", both)
         return AGREE if both[0] == -both[1] else DISAGREE
+
+    def rider(self, dtype, op) -> Optional[tuple]:
+        # _mpifast's check with a tensor riding, for the short path in C; where agree would divide
+        # afterwards (AVG), the Python path runs instead.
+        ride = _RIDES.get((dtype, op))
+        if self._fast is None or ride is None or ride[4]:
+            return None
+        return (_mpifast.rider(self._handle, self._agreement_address, self._agreement, ride[0], ride[1]), ride[2],
+                ride[3])
+
+    def rider_failed(self, failure) -> NoReturn:
+        self._fast_failed(failure, "every rank to reach the mismatch check", self._agreement)
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
@@ -473,7 +486,7 @@ class MpiBackend(Backend):
         if not request.Test():
             _wait(request, what, deadline, None, self._orphans, keep)
 
-    def _fast_failed(self, outcome: tuple, what: str, keep) -> None:
+    def _fast_failed(self, outcome: tuple, what: str, keep) -> NoReturn:
         """Raise what ``_mpifast.allreduce``'s ``outcome`` says, keeping its posted request (see the notes)."""
         request = self.MPI.Request.fromhandle(outcome[1])
         self._orphans.append((request, keep, False))
@@ -484,21 +497,16 @@ class MpiBackend(Backend):
         raise outcome[2]  # what a signal handler raised (KeyboardInterrupt)
 
     def _all_reduce_spec(self, tensor, op, key) -> tuple:
-        """``(buffer spec or None when empty, MPI op, divide after, C arguments or None, C payload arguments
-        or None)`` of an all_reduce, remembered under ``key`` (``None``: not remembered).  The payload
-        arguments are there when the tensor rides in the mismatch check's message (``agree``): a function
-        of dtype, op and size alone, as ``agree`` requires."""
+        """``(buffer spec or None when empty, MPI op, divide after, C arguments or None)`` of an all_reduce,
+        remembered under ``key`` (``None``: not remembered)."""
         if len(self._specs) >= _SPEC_CACHE:
             self._specs.clear()
         numel = tensor.numel()
         buffer, mpi_op = (self._buffer(tensor) if numel else None), self._op(op, tensor.dtype)
-        native = payload = None
+        native = None
         if _mpifast is not None and buffer is not None and numel <= _INT_MAX:
             native = (self._handle, tensor.data_ptr(), numel, buffer[2].handle, mpi_op.handle)
-            nbytes = numel * tensor.element_size()
-            if tensor.dtype in _C_KINDS and nbytes <= _C_PAYLOAD_BYTES:
-                payload = (tensor.data_ptr(), nbytes, _C_KINDS[tensor.dtype], _C_OPS[op], numel)
-        spec = (buffer, mpi_op, op == "avg", native, payload)
+        spec = (buffer, mpi_op, op == "avg", native)
         if key is not None:
             self._specs[key] = spec
         return spec

@@ -4,7 +4,9 @@ A reader follows ``zerocomm.comm.all_reduce`` to the bytes moving through these 
 others.  The first call of a cell passes the checks (validate), which admit the cell to the short
 path; from then on a native call goes from the public function (api) to the group that orders and
 runs it and checks that every rank makes the same call (group), then to the backend -- on one host
-gloo's mismatch check is a sync of the shared segment (shm) -- and a ring call adds the ring.  Each
+gloo's mismatch check is a sync of the shared segment (shm) -- and a ring call adds the ring.  A small
+native call whose tensor rides in the check's own message (MPI's) runs the group's steps in C
+(``_shortpath.c``), which calls the backend's C rider (``_mpifast.c``): C files count like the others.  Each
 rank traces one steady-state call (after a warm-up that fills the selection cache) with
 ``sys.setprofile`` and lists the files of every Python function it entered.
 """
@@ -21,6 +23,10 @@ import zerocomm.comm as dist
 
 PACKAGE = os.path.dirname(os.path.abspath(zerocomm.__file__))
 MAX_FILES = {"native": 4, "ring": 5, "shm": 5}
+#: A zerocomm C function the call entered -> its source file.  The short path in C calls the backend's
+#: rider through a capsule, C to C, where no profile sees it: where the call ran in C, the rider's file counts.
+C_SOURCES = {"zerocomm.comm._shortpath": ("comm/_shortpath.c",)}
+C_RIDERS = {"mpi": "comm/backends/_mpifast.c"}
 
 
 def files_entered(algorithm: str, numel: int):
@@ -35,12 +41,16 @@ def files_entered(algorithm: str, numel: int):
             path = os.path.abspath(frame.f_code.co_filename)
             if path.startswith(PACKAGE + os.sep):
                 seen.add(os.path.relpath(path, PACKAGE))
+        elif event == "c_call" and getattr(arg, "__module__", None) in C_SOURCES:  # a zerocomm C extension
+            seen.update(C_SOURCES[arg.__module__])
 
     sys.setprofile(profile)
     try:
         dist.all_reduce(tensor, algorithm=algorithm)
     finally:
         sys.setprofile(None)
+    if "comm/_shortpath.c" in seen and "comm/group.py" not in seen:  # it ran in C: through the backend's rider
+        seen.add(C_RIDERS[dist.get_backend()])
     return sorted(seen)
 
 
@@ -59,7 +69,8 @@ def test_one_blocking_call_enters_few_files(world):
     for rank, paths in enumerate(world.run(call_paths)):
         for (algorithm, numel), files in paths.items():
             where = (rank, algorithm, numel, files)
-            assert {"comm/api.py", "comm/group.py"} <= set(files), where
+            assert "comm/api.py" in files, where
+            assert {"comm/group.py", "comm/_shortpath.c"} & set(files), where  # the short path, in Python or C
             if algorithm == "shm":  # steps in shared memory: the backend moved bytes only when the arena was made
                 assert {"comm/algorithms/shm.py", "comm/shm.py"} <= set(files), where
             else:
@@ -67,3 +78,18 @@ def test_one_blocking_call_enters_few_files(world):
             assert len(files) <= MAX_FILES[algorithm], where
             if algorithm == "ring":
                 assert "comm/algorithms/ring.py" in files, where
+
+
+def small_native_path():
+    from zerocomm.comm.group import WORLD
+    built = sys.modules["zerocomm.comm.group"]._shortpath is not None and WORLD.default.communicator._fast is not None
+    return files_entered("native", 2), built
+
+
+@pytest.mark.parametrize("world", worlds(("mpi",), (2,)), indirect=True)
+def test_a_small_native_mpi_call_runs_in_c_from_the_public_function(world):
+    """Its tensor rides in MPI's mismatch check: the group's steps and the check run in C, no Python between."""
+    for rank, (files, built) in enumerate(world.run(small_native_path)):
+        if not built:
+            pytest.skip("the _shortpath or _mpifast extension was not built or bound (no compiler, or not MPICH)")
+        assert files == ["comm/_shortpath.c", "comm/api.py", "comm/backends/_mpifast.c"], (rank, files)

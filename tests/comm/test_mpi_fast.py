@@ -4,7 +4,9 @@ same ``CollectiveMismatchError`` and the same timeout; the C way is skipped, wit
 extension was not built.  The short path (a blocking SUM all_reduce of a cell seen before) runs the
 mismatch check too: a counter on ``Backend.agree`` shows that it did.
 """
+import contextlib
 import datetime
+import sys
 import time
 
 import pytest
@@ -14,8 +16,11 @@ from support.worlds import worlds
 
 import zerocomm.comm as dist
 
-WAYS = ["c", "mpi4py"]
+#: "c": the check in C, and the riding short path in C (``_shortpath``) too; "c check": the check in C
+#: from the short path's Python steps (no rider); "mpi4py": everything through mpi4py.
+WAYS = ["c", "c check", "mpi4py"]
 NOT_BUILT = "the _mpifast extension was not built or not bound (no compiler, or an MPI other than MPICH)"
+SHORT_PATH_NOT_BUILT = "the _shortpath extension was not built (no compiler)"
 
 
 def _backend(group=None):
@@ -23,15 +28,47 @@ def _backend(group=None):
     return (WORLD.default if group is None else group).communicator
 
 
-def _switch(way: str, group=None):
-    """Make ``group``'s backend run ``way``; returns what to restore, or None when ``way`` is unavailable."""
-    backend = _backend(group)
+def _group(group=None):
+    from zerocomm.comm.group import WORLD
+    return WORLD.default if group is None else group.zerocomm_group
+
+
+@contextlib.contextmanager
+def _way(way: str, group=None):
+    """Make ``group``'s backend run ``way`` inside the block; yields why not where it cannot, else None.
+    The group's short-path rows are dropped on the way in and out: a row keeps the rider it was made with."""
+    backend, g = _backend(group), _group(group)
     saved = backend._fast
-    if way == "c" and saved is None:
-        return None
+    if saved is None:
+        yield NOT_BUILT
+        return
+    if way == "c" and sys.modules["zerocomm.comm.group"]._shortpath is None:
+        yield SHORT_PATH_NOT_BUILT
+        return
     if way == "mpi4py":
         backend._fast = None
-    return saved
+    if way == "c check":
+        backend.rider = lambda dtype, op: None
+    g.short.clear()
+    try:
+        yield None
+    finally:
+        backend._fast = saved
+        backend.__dict__.pop("rider", None)
+        g.short.clear()
+
+
+def _skip_where_not_built(out: dict) -> None:
+    """After the ways that ran were checked: skip, saying why, where a way could not run."""
+    missing = sorted({reason for reason in out.values() if isinstance(reason, str)})
+    if missing:
+        pytest.skip("; ".join(missing))
+
+
+def _c_checks() -> int:
+    """Checks the C way has run (``_mpifast.checks()``), 0 where it is not built."""
+    from zerocomm.comm.backends import mpi
+    return mpi._mpifast.checks() if mpi._mpifast is not None else 0
 
 
 CASES = [(dtype, op) for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16)
@@ -61,44 +98,48 @@ def results_both_ways() -> dict:
     backend = _backend()
     out = {}
     for way in WAYS:
-        saved = _switch(way)
-        if saved is None:
-            out[way] = NOT_BUILT
-            continue
-        checks = [0]
-        agree = backend.agree
+        with _way(way) as unavailable:
+            if unavailable:
+                out[way] = unavailable
+                continue
+            checks = [0]
+            agree = backend.agree
 
-        def counted(*args):
-            checks[0] += 1
-            return agree(*args)
+            def counted(*args):
+                checks[0] += 1
+                return agree(*args)
 
-        backend.agree = counted
-        wrong = []
-        try:
-            for dtype, op in CASES:
-                for numel in (0, 1, 7, 1000):
-                    for _ in range(2):
-                        tensor = _input(rank, numel, dtype, op)
-                        dist.all_reduce(tensor, op=OPS[op], algorithm="native")
-                        expected = _expected(n, numel, dtype, op)
-                        if not torch.allclose(tensor.double(), expected.double(), rtol=1e-2 if op == "avg" else 0):
-                            wrong.append((str(dtype), op, numel, tensor[:4].tolist(), expected[:4].tolist()))
-        finally:
-            del backend.agree
-            backend._fast = saved
-        out[way] = {"wrong": wrong, "checks": checks[0], "calls": 2 * 4 * len(CASES)}
+            backend.agree = counted
+            in_c = _c_checks()
+            wrong = []
+            try:
+                for dtype, op in CASES:
+                    for numel in (0, 1, 7, 1000):
+                        for _ in range(2):
+                            tensor = _input(rank, numel, dtype, op)
+                            dist.all_reduce(tensor, op=OPS[op], algorithm="native")
+                            expected = _expected(n, numel, dtype, op)
+                            if not torch.allclose(tensor.double(), expected.double(), rtol=1e-2 if op == "avg" else 0):
+                                wrong.append((str(dtype), op, numel, tensor[:4].tolist(), expected[:4].tolist()))
+            finally:
+                del backend.agree
+            # The C way's checks all run in C (agree's and the rider's); the others' through agree.
+            ran = _c_checks() - in_c if way != "mpi4py" else checks[0]
+            out[way] = {"wrong": wrong, "checks": ran, "calls": 2 * 4 * len(CASES)}
     return out
 
 
 @pytest.mark.parametrize("world", worlds(("mpi",), (2, 3)), indirect=True)
 def test_all_reduce_gives_the_same_results_both_ways(world):
-    for rank, out in enumerate(world.run(results_both_ways, timeout=120)):
-        if out["c"] == NOT_BUILT:
-            pytest.skip(NOT_BUILT)
+    outs = world.run(results_both_ways, timeout=120)
+    for rank, out in enumerate(outs):
         for way in WAYS:
+            if isinstance(out[way], str):
+                continue
             assert out[way]["wrong"] == [], (rank, way, out[way]["wrong"][:3])
             # every call is checked (default settings), the short path's too
             assert out[way]["checks"] == out[way]["calls"], (rank, way, out[way])
+    _skip_where_not_built(outs[0])
 
 
 def mismatch_on_the_short_path() -> dict:
@@ -108,19 +149,18 @@ def mismatch_on_the_short_path() -> dict:
     odd = rank == n - 1
     out = {}
     for way in WAYS:
-        saved = _switch(way)
-        if saved is None:
-            out[way] = NOT_BUILT
-            continue
-        try:
+        with _way(way) as unavailable:
+            if unavailable:
+                out[way] = unavailable
+                continue
             seen = {}
             for algorithm in (None, "native"):  # "auto"'s choice, and native (whose small calls ride in the check)
                 for dtype in (torch.float32, torch.float64):
                     for _ in range(2):
                         dist.all_reduce(torch.ones(4, dtype=dtype), algorithm=algorithm)
-                from zerocomm.comm.group import WORLD
+                from zerocomm.comm.group import CHECK_OFF, WORLD
                 rows = [WORLD.default.short.get((algorithm, dtype)) for dtype in (torch.float32, torch.float64)]
-                seen[f"short path checked {algorithm}"] = all(r is not None and r[0][2] is not None for r in rows)
+                seen[f"short path checked {algorithm}"] = all(r is not None and r[0][2] != CHECK_OFF for r in rows)
                 for kind, tensor in (("size", torch.ones(5 if odd else 4)),
                                      ("dtype", torch.ones(4, dtype=torch.float64 if odd else torch.float32))):
                     kind = f"{kind} {algorithm}"
@@ -134,8 +174,6 @@ def mismatch_on_the_short_path() -> dict:
                     dist.all_reduce(after, algorithm=algorithm)
                     seen[kind + " after"] = after.tolist()
             out[way] = seen
-        finally:
-            _backend()._fast = saved
     return out
 
 
@@ -145,7 +183,7 @@ def test_a_mismatch_on_the_short_path_raises_on_every_rank_both_ways(world):
     n = len(outs)
     for rank, out in enumerate(outs):
         for way in WAYS:
-            if out[way] == NOT_BUILT:
+            if isinstance(out[way], str):
                 continue
             seen = out[way]
             for algorithm in (None, "native"):
@@ -156,64 +194,102 @@ def test_a_mismatch_on_the_short_path_raises_on_every_rank_both_ways(world):
                     assert "rank 0 called" in message and f"rank {n - 1} called" in message, message
                     assert untouched, f"rank {rank} {way} {kind}: the tensor changed though the call was refused"
                     assert seen[kind + " after"] == [float(n)] * 2, (rank, way, kind, seen)
-    if outs[0]["c"] == NOT_BUILT:
-        pytest.skip(NOT_BUILT)
+    _skip_where_not_built(outs[0])
 
 
 def late_peer_in_the_check() -> dict:
-    """Rank 0 times out in a 1 s group's mismatch check while rank 1 is late, each way: a typed error in
-    time, the check's buffer kept with its posted request, the group unusable after, the world fine."""
+    """Rank 0 times out in a 1 s group's mismatch check while rank 1 is late, each way, in the first call
+    of the cell (the full path) and in a later one (the short path): a typed error in time, the check's
+    buffer kept with its posted request, the group unusable after, the world fine."""
     rank = dist.get_rank()
     out = {}
     for way in WAYS:
-        group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))
-        saved = _switch(way, group)
-        if saved is None:
-            dist.destroy_process_group(group)
-            out[way] = NOT_BUILT
-            continue
-        seen = {}
-        backend = _backend(group)
-        if rank == 1:
-            time.sleep(2.0)
-        start = time.monotonic()
-        try:  # native: the backend's own check is the one under test ("auto" picks shm on one host)
-            dist.all_reduce(torch.ones(2), group=group, algorithm="native")
-            seen["first"] = "done"
-        except dist.CommError as error:
-            seen["first"] = (type(error).__name__, "mismatch check" in str(error), time.monotonic() - start)
-        if rank == 0:
-            seen["kept"] = any(keep is backend._agreement for _, keep, _ in backend._orphans)
-            try:
-                dist.all_reduce(torch.ones(2), group=group)
-                seen["again"] = "done"
+        for path in ("full path", "short path"):
+            group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))
+            switch = _way(way, group)
+            unavailable = switch.__enter__()
+            if unavailable:
+                dist.destroy_process_group(group)
+                out[way] = unavailable
+                break
+            seen = {}
+            backend = _backend(group)
+            if path == "short path":  # the cell admitted, on time
+                for _ in range(2):
+                    dist.all_reduce(torch.ones(2), group=group, algorithm="native")
+            if rank == 1:
+                time.sleep(2.0)
+            start = time.monotonic()
+            try:  # native: the backend's own check is the one under test ("auto" picks shm on one host)
+                dist.all_reduce(torch.ones(2), group=group, algorithm="native")
+                seen["first"] = "done"
             except dist.CommError as error:
-                seen["again"] = type(error).__name__
-        dist.destroy_process_group(group)
-        check = torch.ones(2)
-        dist.all_reduce(check)
-        seen["world"] = check.tolist()
-        out[way] = seen
+                seen["first"] = (type(error).__name__, "mismatch check" in str(error), time.monotonic() - start)
+            if rank == 0:
+                seen["kept"] = any(keep is backend._agreement for _, keep, _ in backend._orphans)
+                try:
+                    dist.all_reduce(torch.ones(2), group=group)
+                    seen["again"] = "done"
+                except dist.CommError as error:
+                    seen["again"] = type(error).__name__
+            switch.__exit__(None, None, None)
+            dist.destroy_process_group(group)
+            check = torch.ones(2)
+            dist.all_reduce(check)
+            seen["world"] = check.tolist()
+            out.setdefault(way, {})[path] = seen
     return out
 
 
 @pytest.mark.parametrize("world", worlds(("mpi",), (2,)), indirect=True)
 def test_a_late_peer_times_out_in_the_check_both_ways(world):
-    outs = world.run(late_peer_in_the_check, timeout=60)
+    outs = world.run(late_peer_in_the_check, timeout=90)
     for rank, out in enumerate(outs):
         for way in WAYS:
-            if out[way] == NOT_BUILT:
+            if isinstance(out[way], str):
                 continue
-            seen = out[way]
-            if rank == 0:
-                name, in_check, took = seen["first"]
-                assert name == "CommTimeoutError" and in_check and took < 3.0, (way, seen)
-                assert seen["kept"] and seen["again"] == "CommTimeoutError", (way, seen)
-            else:  # its check meets rank 0's posted one; its data then waits for a rank 0 that gave up
-                assert seen["first"] == "done" or seen["first"][0] == "CommTimeoutError", (way, seen)
-            assert seen["world"] == [2.0, 2.0], (way, seen)
-    if outs[0]["c"] == NOT_BUILT:
-        pytest.skip(NOT_BUILT)
+            for path, seen in out[way].items():
+                if rank == 0:
+                    name, in_check, took = seen["first"]
+                    assert name == "CommTimeoutError" and in_check and took < 3.0, (way, path, seen)
+                    assert seen["kept"] and seen["again"] == "CommTimeoutError", (way, path, seen)
+                else:  # its check meets rank 0's posted one; its data then waits for a rank 0 that gave up
+                    assert seen["first"] == "done" or seen["first"][0] == "CommTimeoutError", (way, path, seen)
+                assert seen["world"] == [2.0, 2.0], (way, path, seen)
+    _skip_where_not_built(outs[0])
+
+
+def one_rank_in_c() -> dict:
+    """Rank 0 runs the riding short path in C, the others its Python steps: their digests and the bytes on
+    the wire must be the same, so the calls agree and reduce."""
+    from zerocomm.comm.group import WORLD
+    if sys.modules["zerocomm.comm.group"]._shortpath is None or _backend()._fast is None:
+        return {"skip": f"{SHORT_PATH_NOT_BUILT}, or {NOT_BUILT}"}
+    from zerocomm.comm import validate
+    rank = dist.get_rank()
+    results, disagreed = [], []
+    name_mismatch = validate.name_mismatch
+    validate.name_mismatch = lambda *args: disagreed.append(args) or name_mismatch(*args)
+    try:
+        for numel in (1, 2, 56):  # 56 float32s: the most that ride
+            for _ in range(3):
+                WORLD.rides = rank == 0  # what the public all_reduce reads to enter the C short path
+                tensor = torch.full((numel,), float(rank + 1))
+                dist.all_reduce(tensor, algorithm="native")
+                results.append(tensor.tolist() == [float(sum(range(1, dist.get_world_size() + 1)))] * numel)
+    finally:
+        validate.name_mismatch = name_mismatch
+        WORLD.rides = True
+    # A digest that differed would still end right (the fingerprints compared equal), but through a mismatch.
+    return {"all right": all(results), "calls": len(results), "digests differed": len(disagreed)}
+
+
+@pytest.mark.parametrize("world", worlds(("mpi",), (2, 3)), indirect=True)
+def test_the_c_and_the_python_short_path_agree(world):
+    outs = world.run(one_rank_in_c, timeout=60)
+    if "skip" in outs[0]:
+        pytest.skip(outs[0]["skip"])
+    assert all(out == {"all right": True, "calls": 9, "digests differed": 0} for out in outs), outs
 
 
 def test_the_check_digest_is_the_same_in_every_process():
