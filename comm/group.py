@@ -448,6 +448,8 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
     communicator = g.communicator
     if check == CHECK_IN_SYNC and "_zerocomm_shm" not in communicator.__dict__:
         return False  # the full path makes the arena (validate.check_in_segment), or falls back to the backend
+    if tensor.dim() != 1:
+        tensor = tensor.view(-1)
     lock = g._lock
     if not lock.acquire(False):
         return False
@@ -473,8 +475,6 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
                 arena.expect(hash((tag, numel, code)) & _DIGEST_MASK, (tag, numel, *cell))  # = digest()
                 if check == CHECK_IN_SYNC:
                     arena.settle(deadline)
-            if tensor.dim() != 1:
-                tensor = tensor.view(-1)
             function(communicator, tensor, "sum", tag=tag, deadline=deadline, segment_bytes=g.short_segment_bytes)
             if check >= CHECK_IN_FIRST_SYNC:
                 arena.settle(deadline)
