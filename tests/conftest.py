@@ -25,9 +25,36 @@ from support.worlds import TEST_TIMEOUT_S, TIMEOUT_MARGIN_S, PoolRegistry, time_
 
 @pytest.fixture(scope="session")
 def pool_registry(tmp_path_factory):
+    started = time.time()
     registry = PoolRegistry(tmp_path_factory)
     yield registry
     registry.close()
+    _remove_orphaned_mpich_segments(started)
+
+
+def _remove_orphaned_mpich_segments(since: float) -> None:
+    """Delete the ``/dev/shm/mpich_shm_*`` files this session's MPI jobs left: MPICH unlinks its node
+    segment once every local rank has mapped it, so one left is from ranks the tests killed or timed
+    out before then.  Only files made since ``since`` that no live process maps are removed."""
+    try:
+        names = [name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")]
+    except OSError:
+        return
+    candidates = {os.path.join("/dev/shm", name) for name in names
+                  if os.stat(os.path.join("/dev/shm", name)).st_mtime >= since}
+    if not candidates:
+        return
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                candidates -= {line.split(maxsplit=5)[-1].strip() for line in maps if "/dev/shm/mpich_shm_" in line}
+        except OSError:  # the process ended, or its maps are not ours to read
+            continue
+    for path in candidates:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 @pytest.fixture
