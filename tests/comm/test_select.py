@@ -29,6 +29,7 @@ def selection_answers():
     handler.emit = records.append
     logger = logging.getLogger("zerocomm.comm.select")
     logger.addHandler(handler)
+    level = logger.level
     logger.setLevel(logging.DEBUG)
     try:
         answers = {}
@@ -50,6 +51,7 @@ def selection_answers():
             refusal = str(error)
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)  # selection logging sends every later call of this rank down the full path
     return {"answers": answers, "explicit": explicit, "by_default": by_default, "x": x.tolist(),
             "refusal": refusal, "logged": [r.getMessage() for r in records]}
 
