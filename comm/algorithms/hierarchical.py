@@ -46,10 +46,11 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ...ops.reduce import finalize_
 from .. import topology
 from ..transport import Transport
 from .ring import all_gather_ring, all_reduce_ring, broadcast_ring, reduce_ring, reduce_scatter_ring
-from .tree import all_reduce_recursive_doubling, broadcast_tree, finalize, reduce_tree, remaining
+from .tree import all_reduce_recursive_doubling, broadcast_tree, reduce_tree, remaining
 
 #: all_reduce of at most this many bytes takes the small path (reduce, leaders' all_reduce, broadcast).
 SMALL_BYTES = 64 << 10
@@ -180,7 +181,7 @@ def all_reduce_hierarchical(t: Transport, tensor: torch.Tensor, op: str, *, tag:
     """
     n, numel = t.size, tensor.numel()
     if n == 1 or numel == 0:
-        finalize(tensor, op, n)
+        finalize_(tensor, op, n)
         return
     nbytes = numel * tensor.element_size()
     kw = dict(tag=tag, deadline=deadline, segment_bytes=segment_bytes)
@@ -197,7 +198,7 @@ def all_reduce_hierarchical(t: Transport, tensor: torch.Tensor, op: str, *, tag:
         _all_reduce_small(t, lay, tensor, base, kw)
     else:
         _all_reduce_large(t, lay, tensor, base, kw)
-    finalize(tensor, op, n)
+    finalize_(tensor, op, n)
 
 
 def _all_reduce_small(t: Transport, lay: _Layout, tensor: torch.Tensor, op: str, kw: dict) -> None:
@@ -379,7 +380,7 @@ def reduce_scatter_hierarchical(t: Transport, output: torch.Tensor, input: torch
             reduce_ring(inter, piece, base, _rank_in(members, c), **kw)
             if c == t.rank:
                 output.copy_(piece)
-    finalize(output, op, n)
+    finalize_(output, op, n)
 
 
 def all_gather_hierarchical(t: Transport, output: torch.Tensor, input: torch.Tensor, *, tag: int,

@@ -41,7 +41,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ...ops.reduce import KERNELS
+from ...ops.reduce import KERNELS, finalize_
 from ..transport import Request, Transport
 
 #: Receives a chain posts ahead of the segment it is consuming.
@@ -71,11 +71,6 @@ def _segment_count(longest_chunk: int, elem_size: int, segment_bytes: int) -> in
 
 def _left(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
-def _finalize(buf: torch.Tensor, op: str, n: int) -> None:
-    if op == "avg" and n > 1:
-        buf.div_(n)
 
 
 class _RingPass:
@@ -158,7 +153,7 @@ def all_reduce_ring(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, de
     buf = tensor
     n, r = t.size, t.rank
     if n == 1 or buf.numel() == 0:
-        _finalize(buf, op, n)
+        finalize_(buf, op, n)
         return
     combine = KERNELS[op]
     chunks = _bounds(buf.numel(), n)
@@ -189,7 +184,7 @@ def all_reduce_ring(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, de
 
     ring = _RingPass(t, tag, deadline, 2 * (n - 1), nsegs, send_at, recv_into, arrived)
     ring.run()
-    _finalize(buf, op, n)
+    finalize_(buf, op, n)
 
 
 def reduce_scatter_ring(t: Transport, output: torch.Tensor, input: torch.Tensor, op: str, *, tag: int,
@@ -204,7 +199,7 @@ def reduce_scatter_ring(t: Transport, output: torch.Tensor, input: torch.Tensor,
     if n == 1:
         if out.data_ptr() != inp.data_ptr():
             out.copy_(inp)
-        _finalize(out, op, n)
+        finalize_(out, op, n)
         return
     if m == 0:
         return
@@ -253,7 +248,7 @@ def reduce_scatter_ring(t: Transport, output: torch.Tensor, input: torch.Tensor,
 
     ring = _RingPass(t, tag, deadline, n - 1, len(segs), send_at, recv_into, arrived)
     ring.run()
-    _finalize(out, op, n)
+    finalize_(out, op, n)
 
 
 def all_gather_ring(t: Transport, output: torch.Tensor, input: torch.Tensor, *, tag: int,
@@ -324,7 +319,7 @@ def reduce_ring(t: Transport, tensor: torch.Tensor, op: str, root: int, *, tag: 
     n, r = t.size, t.rank
     if n == 1 or buf.numel() == 0:
         if r == root:
-            _finalize(buf, op, n)
+            finalize_(buf, op, n)
         return
     combine = KERNELS[op]
     v = (r - root) % n
@@ -363,7 +358,7 @@ def reduce_ring(t: Transport, tensor: torch.Tensor, op: str, root: int, *, tag: 
     for req in sends.values():
         req.wait(_left(deadline))
     if v == 0:
-        _finalize(buf, op, n)
+        finalize_(buf, op, n)
 
 
 def _offsets(counts: Sequence[int]) -> list[int]:

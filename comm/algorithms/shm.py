@@ -45,7 +45,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ...ops.reduce import KERNELS, KERNELS_OUT
+from ...ops.reduce import KERNELS, KERNELS_OUT, finalize_
 from .. import shm
 from ..transport import PeerFailure, Transport
 from .ring import _offsets  # the ring's prefix sums of per-rank counts
@@ -73,11 +73,6 @@ def _bounds(numel: int, parts: int) -> list[tuple[int, int]]:
 
 def _piece_bytes(a: shm.Arena, segment_bytes: int) -> int:
     return max(1, min(segment_bytes, a.slot_bytes))
-
-
-def _finalize(buf: torch.Tensor, op: str, n: int) -> None:
-    if op == "avg" and n > 1:
-        buf.div_(n)
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -225,7 +220,7 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
         combine = KERNELS[op]
         for p in peers[1:]:
             combine(dst, source(k, p)[s:e])
-        _finalize(dst, op, n)
+        finalize_(dst, op, n)
 
     def copy_back(k: int) -> None:
         lo, hi, parts = cut(k)
@@ -300,7 +295,7 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
                 part = scratch[:b1 - b0]
                 _peer_read(a, parity, p, b0, part, what)
                 combine(mine, part)
-        _finalize(mine, op, n)
+        finalize_(mine, op, n)
         for p in peers:
             if p in views:
                 views[p][b0:b1].copy_(mine)
@@ -323,7 +318,7 @@ def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, dea
     nbytes = tensor.nbytes
     if a is None:
         if t.size == 1 or nbytes == 0:
-            _finalize(tensor, op, t.size)
+            finalize_(tensor, op, t.size)
             return
         a = shm.arena(t, tag=tag, deadline=deadline)
     elif nbytes == 0:
@@ -341,7 +336,7 @@ def reduce_shm(t: Transport, tensor: torch.Tensor, op: str, root: int, *, tag: i
     """Reduce the flat ``tensor`` into ``root``'s; other ranks' tensors are left unchanged."""
     n = t.size
     if n == 1 or tensor.numel() == 0:
-        _finalize(tensor, op, n)
+        finalize_(tensor, op, n)
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     what = f"reduce (tag {tag})"
@@ -361,7 +356,7 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
     if n == 1:
         if output.data_ptr() != input.data_ptr():
             output.copy_(input)
-        _finalize(output, op, n)
+        finalize_(output, op, n)
         return
     if m == 0:
         return
@@ -388,7 +383,7 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
         KERNELS_OUT[op](input[r * m + lo:r * m + hi], a.slot(first + k, peers[0], dtype)[region], out=out)
         for p in peers[1:]:
             combine(out, a.slot(first + k, p, dtype)[region])
-    _finalize(output, op, n)
+        finalize_(out, op, n)  # while the piece is in cache
 
 
 def _publish_address(a: shm.Arena, tensor: torch.Tensor, deadline, what: str) -> tuple:
@@ -425,7 +420,7 @@ def _reduce_scatter_direct(a: shm.Arena, output: torch.Tensor, input: torch.Tens
                 KERNELS_OUT[op](input[r * m + b0:r * m + b1], part, out=out)
             else:
                 KERNELS[op](out, part)
-    _finalize(output, op, n)
+        finalize_(out, op, n)  # while the block is in cache: a pass over the output less
     a.sync(deadline, what)
 
 

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ...ops.reduce import KERNELS
+from ...ops.reduce import KERNELS, finalize_
 from ..transport import Request, Transport
 
 # -- helpers of the tree schedules (kept here: one file per schedule keeps a call's path short) --------
@@ -44,10 +44,6 @@ def wait_all(requests: Sequence[Request], deadline: Optional[float]) -> None:
         req.wait(remaining(deadline))
 
 
-def finalize(buf: torch.Tensor, op: str, n: int) -> None:
-    """``avg`` divides the reduced sum by the number of contributions; other ops are done already."""
-    if op == "avg" and n > 1:
-        buf.div_(n)
 
 def segment_elems(tensor: torch.Tensor, segment_bytes: int) -> Optional[int]:
     """Elements per segment for ``tensor``'s dtype (at least 1); ``None`` when ``segment_bytes <= 0`` (no segmenting)."""
@@ -82,8 +78,6 @@ def send_segmented(t: Transport, buf: torch.Tensor, peer: int, tag: int, seg: Op
 def recv_segmented(t: Transport, buf: torch.Tensor, peer: int, tag: int, seg: Optional[int]) -> list[Request]:
     """Post receives into ``buf`` from ``peer``, segmented exactly as the sender's :func:`send_segmented`."""
     return [t.irecv(buf[lo:hi], peer, tag) for lo, hi in segments(0, buf.numel(), seg)]
-
-
 
 
 def _lowbit(v: int) -> int:
@@ -166,7 +160,7 @@ def _reduce(
     v = (t.rank - root) % n
     if n == 1 or buf.numel() == 0:
         if v == 0:
-            finalize(buf, op, n)
+            finalize_(buf, op, n)
         return
     kids = [(c + root) % n for c in _children(v, n)]  # smallest subtree first: it is ready first
     parent = (_parent(v) + root) % n if v != 0 else None
@@ -204,7 +198,7 @@ def _reduce(
             sends[k] = t.isend(acc, parent, tag)
     wait_all(list(sends.values()), deadline)
     if v == 0:
-        finalize(buf, op, n)
+        finalize_(buf, op, n)
 
 
 def all_reduce_tree(
@@ -233,7 +227,7 @@ def _all_reduce_tree_whole(t: Transport, buf: torch.Tensor, op: str, tag: int, d
         t.isend(buf, 1 - v, tag).wait(remaining(deadline))  # buf is about to change
         recv.wait(remaining(deadline))
         KERNELS[op](buf, incoming)
-        finalize(buf, op, n)
+        finalize_(buf, op, n)
         return
     kids = _children(v, n)  # smallest subtree first: it is ready first
     if kids:
@@ -250,7 +244,7 @@ def _all_reduce_tree_whole(t: Transport, buf: torch.Tensor, op: str, tag: int, d
         t.isend(buf, parent, tag).wait(remaining(deadline))  # buf is about to be overwritten by the result
         t.irecv(buf, parent, tag).wait(remaining(deadline))
     else:
-        finalize(buf, op, n)
+        finalize_(buf, op, n)
     if kids:
         wait_all([t.isend(buf, kid, tag) for kid in reversed(kids)], deadline)  # largest subtree first
 
@@ -265,7 +259,7 @@ def all_reduce_recursive_doubling(
     buf = tensor
     n, r = t.size, t.rank
     if n == 1 or buf.numel() == 0:
-        finalize(buf, op, n)
+        finalize_(buf, op, n)
         return
     seg = segment_elems(buf, segment_bytes)
     p = 1 << (n.bit_length() - 1)
@@ -306,7 +300,7 @@ def all_reduce_recursive_doubling(
         wait_all(send_segmented(t, buf, r - 1, tag, seg), deadline)
     elif r < 2 * rem:
         wait_all(recv_segmented(t, buf, r + 1, tag, seg), deadline)
-    finalize(buf, op, n)
+    finalize_(buf, op, n)
 
 
 def gather_tree(
@@ -463,7 +457,7 @@ def reduce_scatter_tree(
     if n == 1:
         if not same_memory(out, inp):
             out.copy_(inp)
-        finalize(out, op, n)
+        finalize_(out, op, n)
         return
     if out.numel() == 0:
         return

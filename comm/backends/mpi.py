@@ -52,7 +52,7 @@ from typing import Dict, List, NoReturn, Optional, Sequence
 
 import torch
 
-from ...ops.reduce import reduce_
+from ...ops.reduce import finalize_, reduce_
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request
@@ -434,7 +434,7 @@ class MpiBackend(Backend):
                                         ride[0], ride[1], numel, digest, deadline)
                 if outcome == 0:
                     if ride[4]:
-                        tensor.div_(self.size)
+                        finalize_(tensor, "avg", self.size)
                     return AGREE_AND_REDUCED
             else:
                 outcome = self._checked(self._handle, self._agreement_address, *_NO_PAYLOAD, digest, deadline)
@@ -472,7 +472,7 @@ class MpiBackend(Backend):
         if spec[0] is not None:
             self._run_all_reduce(spec, deadline, "MPI Iallreduce", tensor)
             if spec[2]:
-                tensor.div_(self.size)
+                finalize_(tensor, "avg", self.size)
 
     def _run_all_reduce(self, spec: tuple, deadline: Optional[float], what: str, keep) -> None:
         """Post the in-place ``MPI_Iallreduce`` that ``spec`` describes and wait for it (in C where bound)."""
@@ -527,7 +527,7 @@ class MpiBackend(Backend):
             request = self.comm.Ireduce(buf, None, op=mpi_op, root=root)
         _wait(request, "MPI Ireduce", deadline, None, self._orphans, tensor)
         if self.rank == root and op == "avg":
-            tensor.div_(self.size)
+            finalize_(tensor, "avg", self.size)
 
     def all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
         m = input.numel()
@@ -564,7 +564,7 @@ class MpiBackend(Backend):
                                               op=self._op(op, output.dtype)), "MPI Ireduce_scatter_block", deadline,
               None, self._orphans, (output, input))
         if op == "avg":
-            output.div_(self.size)
+            finalize_(output, "avg", self.size)
 
     def all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
         if _overlaps(output, input):

@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as td
 
+from ...ops.reduce import finalize_
 from ..transport import AGREE, DISAGREE, Backend, Request
 
 NATIVE_TABLE = {
@@ -169,7 +170,7 @@ class NcclBackend(Backend):
         work_tensor = tensor if self.rank == root else tensor.clone()
         self._run(self.pg.reduce([self._movable(work_tensor)], opts), "reduce")
         if self.rank == root and op == "avg":
-            tensor.div_(self.size)
+            finalize_(tensor, "avg", self.size)
 
     def all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
         if input.numel() == 0:

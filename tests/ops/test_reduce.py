@@ -131,3 +131,26 @@ def test_finalize_leaves_other_ops_alone_and_rejects_integer_avg():
     assert x.tolist() == [5, 7]
     with pytest.raises(ValueError, match="avg needs a floating-point dtype, got torch.int32"):
         finalize_(x, "avg", 4)
+
+
+def _awkward_values(dtype: torch.dtype) -> torch.Tensor:
+    """Random values of every magnitude ``dtype`` holds, with its subnormals, extremes, zeros, inf and nan."""
+    info = torch.finfo(dtype)
+    exponents = torch.linspace(np.log2(info.tiny) - 8, np.log2(info.max) - 1, 4000, dtype=torch.float64)
+    mantissas = torch.rand(4000, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 1.0
+    specials = torch.tensor([0.0, -0.0, info.tiny, info.smallest_normal / 3, info.max, -info.max,
+                             float("inf"), float("-inf"), float("nan")], dtype=torch.float64)
+    signs = torch.where(torch.arange(4000) % 2 == 0, 1.0, -1.0).to(torch.float64)
+    return torch.cat([mantissas * 2.0 ** exponents * signs, specials]).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 8, 64])
+def test_finalize_avg_gives_the_bits_of_a_true_division(dtype, n):
+    # finalize_ multiplies by 1/n where n is a power of two (a third of a divide's cost): the answer must
+    # still be the correctly rounded x / n, bit for bit, subnormals and specials included.
+    x = _awkward_values(dtype)
+    expected = x.clone().div_(n)
+    got = finalize_(x.clone(), "avg", n)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    assert torch.equal(got.view(bits), expected.view(bits))
