@@ -38,6 +38,20 @@ def _check(tensor, tag: int, op: str, g: Group) -> torch.Tensor:
     return tensor
 
 
+def _peer_error(g: Group, description: str, failure: PeerFailure) -> PeerError:
+    return PeerError(f"rank {g.my_global_rank}: {description} on {g.describe()} failed: "
+                     f"{g.peer_name(failure.peer)} failed or went away ({failure})")
+
+
+def _posted(g: Group, description: str, post, *args) -> Request:
+    """``post(*args)``: a transport's ``user_isend``/``user_irecv``/``irecv_any``, which may fail at once where
+    the peer went away before this call (gloo raises while posting on a failed pair): ``PeerError`` then."""
+    try:
+        return post(*args)
+    except PeerFailure as failure:
+        raise _peer_error(g, description, failure) from None
+
+
 class _RequestWork(Work):
     """A ``Work`` over a transport request; completion is observed by a waiter thread only if asked for."""
 
@@ -59,8 +73,7 @@ class _RequestWork(Work):
             raise CommTimeoutError(f"rank {g.my_global_rank}: {self._description} on {g.describe()}: timed out "
                                    f"after {seconds * 1000:.0f} ms") from None
         except PeerFailure as failure:
-            raise PeerError(f"rank {g.my_global_rank}: {self._description} on {g.describe()} failed: "
-                            f"{g.peer_name(failure.peer)} failed or went away ({failure})") from None
+            raise _peer_error(g, self._description, failure) from None
         self._settle(None)
         return True
 
@@ -100,8 +113,9 @@ def isend(tensor: torch.Tensor, dst: Optional[int] = None, group=None, tag: int 
     """Start sending ``tensor`` to ``dst``; the returned ``Work`` completes when the buffer may be reused."""
     g = resolve_group(group, "isend")
     peer = _peer(g, dst, group_dst, "dst", "isend")
-    request = g.communicator.user_isend(_check(tensor, tag, "isend", g), peer, int(tag))
-    return _RequestWork(f"isend to rank {g.ranks[peer]} (tag {tag})", request, g, [tensor])
+    description = f"isend to rank {g.ranks[peer]} (tag {tag})"
+    request = _posted(g, description, g.communicator.user_isend, _check(tensor, tag, "isend", g), peer, int(tag))
+    return _RequestWork(description, request, g, [tensor])
 
 
 def irecv(tensor: torch.Tensor, src: Optional[int] = None, group=None, tag: int = 0,
@@ -113,13 +127,13 @@ def irecv(tensor: torch.Tensor, src: Optional[int] = None, group=None, tag: int 
         if not g.communicator.ANY_SOURCE:
             raise UnsupportedError(f"rank {g.my_global_rank}: irecv: backend {g.backend!r} cannot receive from any "
                                    "source; pass src")
-        request = g.communicator.irecv_any(moved, int(tag))
-        return _RequestWork(f"irecv from any rank (tag {tag})", request, g, [tensor],
-                            source=lambda: g.ranks[request.source()])
+        description = f"irecv from any rank (tag {tag})"
+        request = _posted(g, description, g.communicator.irecv_any, moved, int(tag))
+        return _RequestWork(description, request, g, [tensor], source=lambda: g.ranks[request.source()])
     peer = _peer(g, src, group_src, "src", "irecv")
-    request = g.communicator.user_irecv(moved, peer, int(tag))
-    return _RequestWork(f"irecv from rank {g.ranks[peer]} (tag {tag})", request, g, [tensor],
-                        source=lambda: g.ranks[peer])
+    description = f"irecv from rank {g.ranks[peer]} (tag {tag})"
+    request = _posted(g, description, g.communicator.user_irecv, moved, peer, int(tag))
+    return _RequestWork(description, request, g, [tensor], source=lambda: g.ranks[peer])
 
 
 def send(tensor: torch.Tensor, dst: Optional[int] = None, group=None, tag: int = 0,

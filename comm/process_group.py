@@ -187,6 +187,8 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         from .transport import PeerFailure
         try:
             topology.hosts(communicator, tag=USER_TAG_LIMIT, deadline=start + timeout.total_seconds())
+            if topology.one_host(communicator):  # and whether they can share memory: before "auto" offers "shm"
+                topology.probe_shared_memory(communicator, tag=USER_TAG_LIMIT, deadline=start + timeout.total_seconds())
         except (TimeoutError, PeerFailure) as error:  # a rank that left between connecting and this exchange
             communicator.close(abandon=True)
             raise _init_failure(error, backend, communicator.rank, timeout, time.monotonic() - start) from None

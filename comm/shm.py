@@ -275,16 +275,6 @@ def map_together(t: Transport, nbytes: int, *, tag: int, deadline: Optional[floa
     return mm
 
 
-def check_one_host(t: Transport, *, tag: int, deadline: Optional[float], what: str = "shm") -> None:
-    """Raise ``UnsupportedError`` unless every rank of ``t`` is on this rank's host (learnt once, cached)."""
-    names = topology.hosts(t, tag=tag, deadline=deadline)
-    if len(set(names)) > 1:
-        spread = ", ".join(f"{h} (ranks {[r for r, x in enumerate(names) if x == h]})" for h in dict.fromkeys(names))
-        raise UnsupportedError(f"rank {t.rank}: {what} needs every rank of the group on one host, but they run on "
-                               f"{spread}; use algorithm='hierarchical' (shared memory within each host) or "
-                               f"algorithm='ring'")
-
-
 # -- the arena --------------------------------------------------------------------------------------
 
 class CallMismatch(Exception):
@@ -563,13 +553,22 @@ def home(t: Transport) -> Transport:
 def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
     """The arena of communicator ``t``, made by its first caller (every rank, same ``tag``) and cached on ``t``.
 
-    Raises ``UnsupportedError`` (the same on every rank) when the ranks are not all on one host.
+    Raises ``UnsupportedError`` (the same on every rank) when the ranks are not all on one host, or cannot
+    share a segment (then at once on every later call, with no exchange: every rank knows it alike).
     """
     known = getattr(t, "_zerocomm_shm", None)
     if known is not None:
         return known
-    check_one_host(t, tag=tag, deadline=deadline)
-    mm = map_together(t, Arena.nbytes(t.size, SLOT_BYTES), tag=tag, deadline=deadline)
+    if t.__dict__.get("_zerocomm_no_segment") or home(t).__dict__.get("_zerocomm_no_segment"):
+        raise UnsupportedError(f"rank {t.rank}: shm: the ranks report one host but could not share a segment; set "
+                               f"{topology.HOST_ENV} per shared /dev/shm, or use algorithm='ring'")
+    topology.require_one_host(t, tag=tag, deadline=deadline)
+    try:
+        mm = map_together(t, Arena.nbytes(t.size, SLOT_BYTES), tag=tag, deadline=deadline)
+    except UnsupportedError:
+        # Every rank alike (map_together's verdict): selection stops offering "shm" (topology.shares_memory).
+        t._zerocomm_no_segment = home(t)._zerocomm_no_segment = True
+        raise
     made = Arena(mm, t.size, t.rank, SLOT_BYTES)
     made.agree(deadline)
     home(t)._zerocomm_shm = made

@@ -15,7 +15,7 @@ import torch
 from . import select
 from .algorithms import ALGORITHMS
 from .group import CHECK_AGREE, CHECK_IN_FIRST_SYNC, CHECK_IN_SYNC, CHECK_OFF, CHECK_RIDES, WORLD, Group
-from .topology import one_host
+from .topology import one_host, shares_memory
 
 
 def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
@@ -37,7 +37,7 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
         return
     choice = config.algorithm if requested is None else requested
     rule = select.rule(g.backend_type, g.size(), "all_reduce", dtype, "sum", choice,
-                       getattr(g.communicator, "_zerocomm_one_host", None))  # as choose_algorithm reads it
+                       shares_memory(g.communicator))  # as choose_algorithm reads it
     if rule.refusal is not None:
         return
     native = g.backend_type.NATIVE

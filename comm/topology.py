@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from .errors import UnsupportedError
 from .transport import Transport
 
 #: Environment variable naming this process's host; unset or empty: the hostname.
@@ -73,6 +74,41 @@ def inherit(sub: Transport, parent: Transport, members) -> None:
         names = tuple(known[m] for m in members)
         sub._zerocomm_hosts = names
         sub._zerocomm_one_host = len(set(names)) == 1
+    if parent.__dict__.get("_zerocomm_no_segment"):
+        sub._zerocomm_no_segment = True  # some ranks of the parent share no segment: kept off "shm" (conservative)
+
+
+def require_one_host(t: Transport, *, tag: int, deadline: Optional[float], what: str = "shm") -> None:
+    """Raise ``UnsupportedError`` unless every rank of ``t`` is on this rank's host (learnt once, cached)."""
+    names = hosts(t, tag=tag, deadline=deadline)
+    if len(set(names)) > 1:
+        spread = ", ".join(f"{h} (ranks {[r for r, x in enumerate(names) if x == h]})" for h in dict.fromkeys(names))
+        raise UnsupportedError(f"rank {t.rank}: {what} needs every rank of the group on one host, but they run on "
+                               f"{spread}; use algorithm='hierarchical' (shared memory within each host) or "
+                               f"algorithm='ring'")
+
+
+def probe_shared_memory(t: Transport, *, tag: int, deadline: Optional[float]) -> bool:
+    """Whether the ranks of ``t`` (all on one host, by their names) can share a segment: they map one page
+    together; every rank calls it, with ``tag``.  Processes can report one host without sharing ``/dev/shm``
+    (containers on the host's network each have their own), and selection must know it before "auto" offers
+    "shm".  Where they cannot, ``t`` remembers it, the same on every rank (:func:`shares_memory`)."""
+    from . import shm  # shm imports this module
+
+    try:
+        shm.map_together(t, 4096, tag=tag, deadline=deadline).close()
+        return True
+    except UnsupportedError:
+        t._zerocomm_no_segment = True
+        return False
+
+
+def shares_memory(t: Transport) -> Optional[bool]:
+    """:func:`one_host`, except ``None`` (unknown: "auto" offers no "shm" and reads the plain table) once the
+    ranks could not share a segment (:func:`probe_shared_memory`, or an arena that could not be made)."""
+    if t.__dict__.get("_zerocomm_no_segment"):
+        return None
+    return getattr(t, "_zerocomm_one_host", None)
 
 
 def local_ranks(t: Transport, *, tag: int, deadline: Optional[float]) -> tuple[int, ...]:

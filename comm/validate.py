@@ -208,8 +208,10 @@ def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Opti
     if choice not in ALGORITHM_CHOICES:
         raise InvalidArgumentError(f"rank {group.my_global_rank}: {what}: algorithm must be one of "
                                    f"{ALGORITHM_CHOICES}, got {choice!r}")
-    # topology.one_host(communicator), read in place: one attribute, no further file on the call path.
-    one_host = getattr(group.communicator, "_zerocomm_one_host", None)
+    # topology.shares_memory(communicator), read in place: no further file on the call path.
+    communicator = group.communicator
+    one_host = None if communicator.__dict__.get("_zerocomm_no_segment") else getattr(communicator,
+                                                                                       "_zerocomm_one_host", None)
     rule = select.rule(group.backend_type, group.size(), collective, dtype, op, choice, one_host)
     if rule.rows is None:
         if rule.refusal is not None:
@@ -523,7 +525,11 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
                 # shm call syncs before it reads a peer's byte; ``Group.execute`` settles it if it never
                 # synced).  Across hosts shm calls refuse or, as shared_empty, fall back: the backend checks.
                 from . import shm
-                shm.expect(group.communicator, code, (tag, call.numel, *cell), tag=tag, deadline=deadline)
+                try:
+                    shm.expect(group.communicator, code, (tag, call.numel, *cell), tag=tag, deadline=deadline)
+                except UnsupportedError:  # no segment after all (every rank alike): "auto" re-chooses from now on
+                    group.short.clear()
+                    raise
                 return False
             if check_in_segment(group, tag, deadline):  # a sync of the segment now, before any byte moves
                 from . import shm
@@ -562,8 +568,7 @@ def check_in_segment(group: Group, tag: int, deadline: Optional[float]) -> bool:
     from . import shm
     try:
         shm.arena(backend, tag=tag, deadline=deadline)
-    except UnsupportedError:
-        backend._zerocomm_no_segment = True
+    except UnsupportedError:  # shm.arena marked the communicator: no segment from now on
         group.short.clear()  # its rows check through the segment: the next call makes them again
         return False
     return True

@@ -181,7 +181,8 @@ def all_reduce_hierarchical(t: Transport, tensor: torch.Tensor, op: str, *, tag:
     """
     n, numel = t.size, tensor.numel()
     if n == 1 or numel == 0:
-        finalize_(tensor, op, n)
+        if op == "avg":  # the other ops are done once combined
+            finalize_(tensor, op, n)
         return
     nbytes = numel * tensor.element_size()
     kw = dict(tag=tag, deadline=deadline, segment_bytes=segment_bytes)
@@ -198,7 +199,8 @@ def all_reduce_hierarchical(t: Transport, tensor: torch.Tensor, op: str, *, tag:
         _all_reduce_small(t, lay, tensor, base, kw)
     else:
         _all_reduce_large(t, lay, tensor, base, kw)
-    finalize_(tensor, op, n)
+    if op == "avg":
+        finalize_(tensor, op, n)
 
 
 def _all_reduce_small(t: Transport, lay: _Layout, tensor: torch.Tensor, op: str, kw: dict) -> None:
@@ -380,7 +382,8 @@ def reduce_scatter_hierarchical(t: Transport, output: torch.Tensor, input: torch
             reduce_ring(inter, piece, base, _rank_in(members, c), **kw)
             if c == t.rank:
                 output.copy_(piece)
-    finalize_(output, op, n)
+    if op == "avg":
+        finalize_(output, op, n)
 
 
 def all_gather_hierarchical(t: Transport, output: torch.Tensor, input: torch.Tensor, *, tag: int,

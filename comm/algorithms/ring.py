@@ -153,7 +153,8 @@ def all_reduce_ring(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, de
     buf = tensor
     n, r = t.size, t.rank
     if n == 1 or buf.numel() == 0:
-        finalize_(buf, op, n)
+        if op == "avg":  # the other ops are done once combined
+            finalize_(buf, op, n)
         return
     combine = KERNELS[op]
     chunks = _bounds(buf.numel(), n)
@@ -184,7 +185,8 @@ def all_reduce_ring(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, de
 
     ring = _RingPass(t, tag, deadline, 2 * (n - 1), nsegs, send_at, recv_into, arrived)
     ring.run()
-    finalize_(buf, op, n)
+    if op == "avg":
+        finalize_(buf, op, n)
 
 
 def reduce_scatter_ring(t: Transport, output: torch.Tensor, input: torch.Tensor, op: str, *, tag: int,
@@ -199,7 +201,8 @@ def reduce_scatter_ring(t: Transport, output: torch.Tensor, input: torch.Tensor,
     if n == 1:
         if out.data_ptr() != inp.data_ptr():
             out.copy_(inp)
-        finalize_(out, op, n)
+        if op == "avg":
+            finalize_(out, op, n)
         return
     if m == 0:
         return
@@ -248,7 +251,8 @@ def reduce_scatter_ring(t: Transport, output: torch.Tensor, input: torch.Tensor,
 
     ring = _RingPass(t, tag, deadline, n - 1, len(segs), send_at, recv_into, arrived)
     ring.run()
-    finalize_(out, op, n)
+    if op == "avg":
+        finalize_(out, op, n)
 
 
 def all_gather_ring(t: Transport, output: torch.Tensor, input: torch.Tensor, *, tag: int,
@@ -319,7 +323,8 @@ def reduce_ring(t: Transport, tensor: torch.Tensor, op: str, root: int, *, tag: 
     n, r = t.size, t.rank
     if n == 1 or buf.numel() == 0:
         if r == root:
-            finalize_(buf, op, n)
+            if op == "avg":
+                finalize_(buf, op, n)
         return
     combine = KERNELS[op]
     v = (r - root) % n
@@ -358,7 +363,8 @@ def reduce_ring(t: Transport, tensor: torch.Tensor, op: str, root: int, *, tag: 
     for req in sends.values():
         req.wait(_left(deadline))
     if v == 0:
-        finalize_(buf, op, n)
+        if op == "avg":
+            finalize_(buf, op, n)
 
 
 def _offsets(counts: Sequence[int]) -> list[int]:

@@ -220,7 +220,8 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
         combine = KERNELS[op]
         for p in peers[1:]:
             combine(dst, source(k, p)[s:e])
-        finalize_(dst, op, n)
+        if op == "avg":  # the other ops are done once combined
+            finalize_(dst, op, n)
 
     def copy_back(k: int) -> None:
         lo, hi, parts = cut(k)
@@ -295,7 +296,8 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
                 part = scratch[:b1 - b0]
                 _peer_read(a, parity, p, b0, part, what)
                 combine(mine, part)
-        finalize_(mine, op, n)
+        if op == "avg":
+            finalize_(mine, op, n)
         for p in peers:
             if p in views:
                 views[p][b0:b1].copy_(mine)
@@ -318,7 +320,8 @@ def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, dea
     nbytes = tensor.nbytes
     if a is None:
         if t.size == 1 or nbytes == 0:
-            finalize_(tensor, op, t.size)
+            if op == "avg":
+                finalize_(tensor, op, t.size)
             return
         a = shm.arena(t, tag=tag, deadline=deadline)
     elif nbytes == 0:
@@ -336,7 +339,8 @@ def reduce_shm(t: Transport, tensor: torch.Tensor, op: str, root: int, *, tag: i
     """Reduce the flat ``tensor`` into ``root``'s; other ranks' tensors are left unchanged."""
     n = t.size
     if n == 1 or tensor.numel() == 0:
-        finalize_(tensor, op, n)
+        if op == "avg":
+            finalize_(tensor, op, n)
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     what = f"reduce (tag {tag})"
@@ -356,7 +360,8 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
     if n == 1:
         if output.data_ptr() != input.data_ptr():
             output.copy_(input)
-        finalize_(output, op, n)
+        if op == "avg":
+            finalize_(output, op, n)
         return
     if m == 0:
         return
@@ -383,7 +388,8 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
         KERNELS_OUT[op](input[r * m + lo:r * m + hi], a.slot(first + k, peers[0], dtype)[region], out=out)
         for p in peers[1:]:
             combine(out, a.slot(first + k, p, dtype)[region])
-        finalize_(out, op, n)  # while the piece is in cache
+        if op == "avg":
+            finalize_(out, op, n)  # while the piece is in cache
 
 
 def _publish_address(a: shm.Arena, tensor: torch.Tensor, deadline, what: str) -> tuple:
@@ -420,7 +426,8 @@ def _reduce_scatter_direct(a: shm.Arena, output: torch.Tensor, input: torch.Tens
                 KERNELS_OUT[op](input[r * m + b0:r * m + b1], part, out=out)
             else:
                 KERNELS[op](out, part)
-        finalize_(out, op, n)  # while the block is in cache: a pass over the output less
+        if op == "avg":
+            finalize_(out, op, n)  # while the block is in cache: a pass over the output less
     a.sync(deadline, what)
 
 

@@ -160,7 +160,8 @@ def _reduce(
     v = (t.rank - root) % n
     if n == 1 or buf.numel() == 0:
         if v == 0:
-            finalize_(buf, op, n)
+            if op == "avg":  # the other ops are done once combined
+                finalize_(buf, op, n)
         return
     kids = [(c + root) % n for c in _children(v, n)]  # smallest subtree first: it is ready first
     parent = (_parent(v) + root) % n if v != 0 else None
@@ -198,7 +199,8 @@ def _reduce(
             sends[k] = t.isend(acc, parent, tag)
     wait_all(list(sends.values()), deadline)
     if v == 0:
-        finalize_(buf, op, n)
+        if op == "avg":
+            finalize_(buf, op, n)
 
 
 def all_reduce_tree(
@@ -227,7 +229,8 @@ def _all_reduce_tree_whole(t: Transport, buf: torch.Tensor, op: str, tag: int, d
         t.isend(buf, 1 - v, tag).wait(remaining(deadline))  # buf is about to change
         recv.wait(remaining(deadline))
         KERNELS[op](buf, incoming)
-        finalize_(buf, op, n)
+        if op == "avg":
+            finalize_(buf, op, n)
         return
     kids = _children(v, n)  # smallest subtree first: it is ready first
     if kids:
@@ -244,7 +247,8 @@ def _all_reduce_tree_whole(t: Transport, buf: torch.Tensor, op: str, tag: int, d
         t.isend(buf, parent, tag).wait(remaining(deadline))  # buf is about to be overwritten by the result
         t.irecv(buf, parent, tag).wait(remaining(deadline))
     else:
-        finalize_(buf, op, n)
+        if op == "avg":
+            finalize_(buf, op, n)
     if kids:
         wait_all([t.isend(buf, kid, tag) for kid in reversed(kids)], deadline)  # largest subtree first
 
@@ -259,7 +263,8 @@ def all_reduce_recursive_doubling(
     buf = tensor
     n, r = t.size, t.rank
     if n == 1 or buf.numel() == 0:
-        finalize_(buf, op, n)
+        if op == "avg":
+            finalize_(buf, op, n)
         return
     seg = segment_elems(buf, segment_bytes)
     p = 1 << (n.bit_length() - 1)
@@ -300,7 +305,8 @@ def all_reduce_recursive_doubling(
         wait_all(send_segmented(t, buf, r - 1, tag, seg), deadline)
     elif r < 2 * rem:
         wait_all(recv_segmented(t, buf, r + 1, tag, seg), deadline)
-    finalize_(buf, op, n)
+    if op == "avg":
+        finalize_(buf, op, n)
 
 
 def gather_tree(
@@ -457,7 +463,8 @@ def reduce_scatter_tree(
     if n == 1:
         if not same_memory(out, inp):
             out.copy_(inp)
-        finalize_(out, op, n)
+        if op == "avg":
+            finalize_(out, op, n)
         return
     if out.numel() == 0:
         return

@@ -85,6 +85,17 @@ class GlooRequest(Request):
         return self._work._source_rank()
 
 
+def _posted(post, buffers: list, *args, what, peer: Optional[int] = None) -> GlooRequest:
+    """``post(buffers, *args)`` (a ``ProcessGroupGloo`` send/recv) as a request.  gloo raises while posting
+    on a pair that failed since the last call (a peer that died): the peer's failure, as in :func:`_wait`."""
+    try:
+        work = post(buffers, *args)
+    except RuntimeError as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise PeerFailure(f"{what[0].format(*what[1:])}: {first_line}", peer) from None
+    return GlooRequest(work, what, buffers[0], peer)
+
+
 def _wait(work, what, timeout_s: Optional[float], peer: Optional[int] = None) -> None:
     """Wait for a gloo ``Work``; ``what`` is a string or a ``(format, *args)`` tuple formatted only on failure."""
     start = time.monotonic()
@@ -147,25 +158,25 @@ class GlooBackend(Backend):
     # -- point to point ---------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _bytes(tensor)
-        return GlooRequest(self.pg.send([buf], peer, tag), ("send to rank {} (tag {})", peer, tag), buf, peer)
+        return _posted(self.pg.send, [buf], peer, tag, what=("send to rank {} (tag {})", peer, tag), peer=peer)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _bytes(tensor)
-        return GlooRequest(self.pg.recv([buf], peer, tag), ("recv from rank {} (tag {})", peer, tag), buf, peer)
+        return _posted(self.pg.recv, [buf], peer, tag, what=("recv from rank {} (tag {})", peer, tag), peer=peer)
 
     # The user's send/recv hand gloo the tensor in its own shape and dtype (gloo moves its bytes all the
     # same): torch's profiler then records gloo's own "gloo:send"/"gloo:recv" event with the user's shape.
     def user_isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _as_sent(tensor)
-        return GlooRequest(self.pg.send([buf], peer, tag), ("send to rank {} (tag {})", peer, tag), buf, peer)
+        return _posted(self.pg.send, [buf], peer, tag, what=("send to rank {} (tag {})", peer, tag), peer=peer)
 
     def user_irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _as_sent(tensor)
-        return GlooRequest(self.pg.recv([buf], peer, tag), ("recv from rank {} (tag {})", peer, tag), buf, peer)
+        return _posted(self.pg.recv, [buf], peer, tag, what=("recv from rank {} (tag {})", peer, tag), peer=peer)
 
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
         buf = _as_sent(tensor)
-        return GlooRequest(self.pg.recv_anysource([buf], tag), f"recv from any rank (tag {tag})", buf)
+        return _posted(self.pg.recv_anysource, [buf], tag, what=("recv from any rank (tag {})", tag))
 
     def split(self, ranks: Sequence[int], key: str) -> Optional["GlooBackend"]:
         if self.rank not in ranks:

@@ -63,6 +63,31 @@ def _killed(rank, n, collective, algorithm):
     return killed_mid_collective(rank, n, collective, algorithm)
 
 
+def _p2p_with_a_gone_peer(rank, n):
+    """The last rank leaves after a first exchange; the others then send to it and receive from it."""
+    import os
+    import time
+
+    import torch
+
+    from support.faults import caught
+    dist.all_reduce(torch.ones(2), algorithm="ring")
+    if rank == n - 1:
+        os._exit(0)
+    time.sleep(0.5)  # the connection is closed by now: gloo refuses while posting, not in the wait
+    return [caught(lambda: dist.send(torch.ones(3), n - 1)), caught(lambda: dist.recv(torch.ones(3), n - 1)),
+            caught(lambda: dist.isend(torch.ones(3), n - 1).wait())]
+
+
+@pytest.mark.timeout(60)
+def test_gloo_send_and_recv_to_a_peer_that_left_raise_peer_error():
+    results = fork_world(3, _p2p_with_a_gone_peer)
+    for rank, r in _survivors(results, {2}):
+        assert r["answer"] and r["answer"][0] == "ok", (rank, r)  # no raw RuntimeError escaped
+        for kind, seconds, message in r["answer"][1]:
+            assert kind == "PeerError" and "rank 2" in message and seconds <= BOUND_S, (rank, kind, message)
+
+
 MPI_KILL_CASES = [("all_reduce", "native"), ("all_gather", "ring"), ("reduce_scatter", "tree")]
 
 
@@ -298,3 +323,65 @@ def test_gloo_checks_fall_back_to_the_backend_where_no_segment_can_be_shared(wor
     for refused, values, fell_back, mismatch in world.run(_without_a_segment, blocked_rank, timeout=30):
         assert " shm: " in refused and "ZEROCOMM_HOST" in refused, refused  # UnsupportedError, on every rank
         assert values == [total * 3.0] * 3 and fell_back and mismatch == "CollectiveMismatchError"
+
+
+def _auto_without_a_segment(blocked_rank, probe):
+    """"auto" on a group whose ranks report one host but cannot share a segment: found by the probe that
+    init runs (``probe``), or by the first call that needed the arena.  Returns, per rank: what "auto"
+    chose for a small all_reduce before and after, the first call's outcome, and the later calls' values."""
+    import time
+
+    import torch
+
+    from zerocomm.comm import shm, topology
+    from zerocomm.comm.validate import choose_algorithm
+    rank, n = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(list(range(n)))
+    inner = group.zerocomm_group
+
+    def chosen() -> str:
+        return choose_algorithm("all_reduce", inner, torch.float32, "sum", 12, None, "all_reduce")[0]
+
+    before = chosen()
+    saved = shm._map
+
+    def refused_map(path, nbytes, create):
+        raise PermissionError(13, "Permission denied", path)
+
+    if rank == blocked_rank:
+        shm._map = refused_map
+    try:
+        probed = topology.probe_shared_memory(inner.communicator, tag=7, deadline=time.monotonic() + 20) \
+            if probe else None
+        x = torch.full((3,), float(rank + 1))
+        try:
+            dist.all_reduce(x, group=group)  # "auto": small, on one host
+            first = "ran"
+        except dist.UnsupportedError as error:
+            first = f"UnsupportedError: {error}"
+            dist.all_reduce(x, group=group)
+        values = [x.tolist()]
+        for numel in (1, 1000, 300_000):  # "auto"'s rows by size, then the short path's
+            for _ in range(2):
+                y = torch.full((numel,), float(rank + 1))
+                dist.all_reduce(y, group=group)
+                values.append(sorted(set(y.tolist())))
+        return before, probed, first, chosen(), values
+    finally:
+        shm._map = saved
+        dist.destroy_process_group(group)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("probe", [True, False], ids=["probed at init", "found by a call"])
+@pytest.mark.parametrize("world", [("gloo", 3)], indirect=True)
+def test_auto_stops_choosing_shm_where_no_segment_can_be_shared(world, probe):
+    total = 1.0 + 2.0 + 3.0
+    for before, probed, first, after, values in world.run(_auto_without_a_segment, 2, probe, timeout=60):
+        assert before == "shm", before  # the case this test is about: "auto" would pick shm here
+        assert after != "shm", after
+        if probe:  # init's probe found it: no call ever fails
+            assert probed is False and first == "ran", (probed, first)
+        else:  # the first call that needed the segment refused on every rank; every later one ran
+            assert first.startswith("UnsupportedError") and "ZEROCOMM_HOST" in first, first
+        assert values == [[total] * 3] + [[total]] * 6, values
