@@ -10,6 +10,10 @@ both give the right answer without configuration.
 names over the communicator's own point-to-point transport, and keeps the answer on the
 transport object: a second call costs nothing.  Every rank of the communicator must call
 it at the same point of its sequence of collectives (it moves bytes under ``tag``).
+
+Reporting one host is not yet sharing memory: :func:`probe_shared_memory` (run by
+``init_process_group``) checks that the ranks can map one segment together, and selection reads
+:func:`shares_memory`, so "auto" never offers "shm" to ranks that cannot.
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from .group import NON_GROUP_MEMBER, WORLD, Group, digest
 from .transport import AGREE_AND_REDUCED, USER_TAG_LIMIT
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
 from .sparse import all_reduce_sparse
+from .topology import HOST_ENV
 
 _DTYPES = frozenset(SUPPORTED_DTYPES)
 _OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -210,12 +211,15 @@ def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Opti
                                    f"{ALGORITHM_CHOICES}, got {choice!r}")
     # topology.shares_memory(communicator), read in place: no further file on the call path.
     communicator = group.communicator
-    one_host = None if communicator.__dict__.get("_zerocomm_no_segment") else getattr(communicator,
-                                                                                       "_zerocomm_one_host", None)
+    no_segment = communicator.__dict__.get("_zerocomm_no_segment")
+    one_host = None if no_segment else getattr(communicator, "_zerocomm_one_host", None)
     rule = select.rule(group.backend_type, group.size(), collective, dtype, op, choice, one_host)
     if rule.rows is None:
         if rule.refusal is not None:
             select.raise_unsupported(collective, group, dtype, op, choice, rule.refusal)
+        if no_segment and choice == "shm":  # known on every rank alike: refused before any byte moves
+            select.raise_unsupported(collective, group, dtype, op, choice, "the ranks report one host but cannot "
+                                     f"share a segment (set {HOST_ENV} per shared /dev/shm)")
         algorithm = choice
     else:
         size = select.UNBOUNDED if nbytes is None else nbytes

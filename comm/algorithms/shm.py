@@ -45,7 +45,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ...ops.reduce import KERNELS, KERNELS_OUT, finalize_
+from ...ops.reduce import KERNELS, KERNELS_OUT
 from .. import shm
 from ..transport import PeerFailure, Transport
 from .ring import _offsets  # the ring's prefix sums of per-rank counts
@@ -73,6 +73,16 @@ def _bounds(numel: int, parts: int) -> list[tuple[int, int]]:
 
 def _piece_bytes(a: shm.Arena, segment_bytes: int) -> int:
     return max(1, min(segment_bytes, a.slot_bytes))
+
+
+def _average(buf: torch.Tensor, n: int) -> None:
+    """avg's last step, as ``ops.reduce.finalize_`` does it (the same bits as ``buf / n``, a multiply where n is
+    a power of two); kept here so that the step of a ZeRO model, which averages through shm, enters no
+    further file."""
+    if n > 1 and n & (n - 1) == 0:
+        buf.mul_(1.0 / n)
+    elif n > 1:
+        buf.div_(n)
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -221,7 +231,7 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
         for p in peers[1:]:
             combine(dst, source(k, p)[s:e])
         if op == "avg":  # the other ops are done once combined
-            finalize_(dst, op, n)
+            _average(dst, n)
 
     def copy_back(k: int) -> None:
         lo, hi, parts = cut(k)
@@ -297,7 +307,7 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
                 _peer_read(a, parity, p, b0, part, what)
                 combine(mine, part)
         if op == "avg":
-            finalize_(mine, op, n)
+            _average(mine, n)
         for p in peers:
             if p in views:
                 views[p][b0:b1].copy_(mine)
@@ -321,7 +331,7 @@ def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, dea
     if a is None:
         if t.size == 1 or nbytes == 0:
             if op == "avg":
-                finalize_(tensor, op, t.size)
+                _average(tensor, t.size)
             return
         a = shm.arena(t, tag=tag, deadline=deadline)
     elif nbytes == 0:
@@ -340,7 +350,7 @@ def reduce_shm(t: Transport, tensor: torch.Tensor, op: str, root: int, *, tag: i
     n = t.size
     if n == 1 or tensor.numel() == 0:
         if op == "avg":
-            finalize_(tensor, op, n)
+            _average(tensor, n)
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     what = f"reduce (tag {tag})"
@@ -361,7 +371,7 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
         if output.data_ptr() != input.data_ptr():
             output.copy_(input)
         if op == "avg":
-            finalize_(output, op, n)
+            _average(output, n)
         return
     if m == 0:
         return
@@ -389,7 +399,7 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
         for p in peers[1:]:
             combine(out, a.slot(first + k, p, dtype)[region])
         if op == "avg":
-            finalize_(out, op, n)  # while the piece is in cache
+            _average(out, n)  # while the piece is in cache
 
 
 def _publish_address(a: shm.Arena, tensor: torch.Tensor, deadline, what: str) -> tuple:
@@ -427,7 +437,7 @@ def _reduce_scatter_direct(a: shm.Arena, output: torch.Tensor, input: torch.Tens
             else:
                 KERNELS[op](out, part)
         if op == "avg":
-            finalize_(out, op, n)  # while the block is in cache: a pass over the output less
+            _average(out, n)  # while the block is in cache: a pass over the output less
     a.sync(deadline, what)
 
 

@@ -361,6 +361,11 @@ def _auto_without_a_segment(blocked_rank, probe):
             first = f"UnsupportedError: {error}"
             dist.all_reduce(x, group=group)
         values = [x.tolist()]
+        try:  # what ZeRO asks before it runs a step's collectives with "shm"
+            dist.which_algorithm("reduce_scatter", torch.empty(n), dist.ReduceOp.AVG, group, algorithm="shm")
+            values.append("shm admitted")
+        except dist.UnsupportedError as error:
+            values.append("refused" if "share a segment" in str(error) else str(error))
         for numel in (1, 1000, 300_000):  # "auto"'s rows by size, then the short path's
             for _ in range(2):
                 y = torch.full((numel,), float(rank + 1))
@@ -384,4 +389,4 @@ def test_auto_stops_choosing_shm_where_no_segment_can_be_shared(world, probe):
             assert probed is False and first == "ran", (probed, first)
         else:  # the first call that needed the segment refused on every rank; every later one ran
             assert first.startswith("UnsupportedError") and "ZEROCOMM_HOST" in first, first
-        assert values == [[total] * 3] + [[total]] * 6, values
+        assert values == [[total] * 3, "refused"] + [[total]] * 6, values
