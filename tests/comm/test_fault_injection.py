@@ -276,6 +276,20 @@ def test_a_single_host_store_listens_on_loopback_only(monkeypatch):
         dist.destroy_process_group()
 
 
+def _refuse_segments(blocked: bool):
+    """Where ``blocked``, this rank can no longer create or map a shared segment (as where its /dev/shm is not
+    the others'); returns the function that puts it back."""
+    from zerocomm.comm import shm
+    saved = shm._map
+
+    def refused_map(path, nbytes, create):
+        raise PermissionError(13, "Permission denied", path)
+
+    if blocked:
+        shm._map = refused_map
+    return lambda: setattr(shm, "_map", saved)
+
+
 def _without_a_segment(blocked_rank):
     """On a fresh group, ``blocked_rank`` cannot create or map a shared segment (as where its /dev/shm is not
     the others'): an "shm"
@@ -283,16 +297,9 @@ def _without_a_segment(blocked_rank):
     fall back to the backend, on every rank, and still catch a mismatch."""
     import torch
 
-    from zerocomm.comm import shm
     rank, n = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(list(range(n)))
-    saved = shm._map
-
-    def refused_map(path, nbytes, create):
-        raise PermissionError(13, "Permission denied", path)
-
-    if rank == blocked_rank:
-        shm._map = refused_map
+    restore = _refuse_segments(rank == blocked_rank)
     try:
         x = torch.full((3,), float(rank + 1))
         try:
@@ -311,7 +318,7 @@ def _without_a_segment(blocked_rank):
             mismatch = "CollectiveMismatchError"
         return refused, x.tolist(), fell_back, mismatch
     finally:
-        shm._map = saved
+        restore()
         dist.destroy_process_group(group)
 
 
@@ -333,7 +340,7 @@ def _auto_without_a_segment(blocked_rank, probe):
 
     import torch
 
-    from zerocomm.comm import shm, topology
+    from zerocomm.comm import topology
     from zerocomm.comm.validate import choose_algorithm
     rank, n = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(list(range(n)))
@@ -343,13 +350,7 @@ def _auto_without_a_segment(blocked_rank, probe):
         return choose_algorithm("all_reduce", inner, torch.float32, "sum", 12, None, "all_reduce")[0]
 
     before = chosen()
-    saved = shm._map
-
-    def refused_map(path, nbytes, create):
-        raise PermissionError(13, "Permission denied", path)
-
-    if rank == blocked_rank:
-        shm._map = refused_map
+    restore = _refuse_segments(rank == blocked_rank)
     try:
         probed = topology.probe_shared_memory(inner.communicator, tag=7, deadline=time.monotonic() + 20) \
             if probe else None
@@ -373,7 +374,7 @@ def _auto_without_a_segment(blocked_rank, probe):
                 values.append(sorted(set(y.tolist())))
         return before, probed, first, chosen(), values
     finally:
-        shm._map = saved
+        restore()
         dist.destroy_process_group(group)
 
 
