@@ -217,8 +217,13 @@ def test_mpi_uncaught_exception_aborts_the_job():
     # job would run into the limit (returncode None).  The hook's own line may be lost when the abort ends
     # the job before the launcher forwards it, so the test does not insist on it.
     assert run["returncode"] not in (None, 0), run
-    # The abort may also cut the traceback short before the launcher forwards it: its first line suffices.
-    assert "on purpose" in run["output"] or "Traceback" in run["output"], run["output"]
+    # The abort may also cut the traceback short before the launcher forwards it: its first line suffices.  Once
+    # in a few hundred runs the launcher ended before forwarding any line (seen in a CI-order run): then the
+    # job's code is the evidence, the 1 the hook passes to MPI_Abort.
+    if run["output"].strip():
+        assert "on purpose" in run["output"] or "Traceback" in run["output"], run["output"]
+    else:
+        assert run["returncode"] == 1, run
     assert 1 not in run["answers"], run  # the waiting rank was ended by the abort, not released
 
 
