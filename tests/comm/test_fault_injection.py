@@ -217,8 +217,8 @@ def test_mpi_uncaught_exception_aborts_the_job():
     # job would run into the limit (returncode None).  The hook's own line may be lost when the abort ends
     # the job before the launcher forwards it, so the test does not insist on it.
     assert run["returncode"] not in (None, 0), run
-    # The abort may also cut the traceback short before the launcher forwards it: its first line suffices.  Once
-    # in a few hundred runs the launcher ended before forwarding any line (seen in a CI-order run): then the
+    # The abort may also cut the traceback short before the launcher forwards it: its first line suffices.  Rarely
+    # (seen once, in a CI-order run) the launcher ended before forwarding any line: then the
     # job's code is the evidence, the 1 the hook passes to MPI_Abort.
     if run["output"].strip():
         assert "on purpose" in run["output"] or "Traceback" in run["output"], run["output"]
