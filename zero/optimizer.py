@@ -177,7 +177,8 @@ class ZeroOptimizer:
                                               rank=self.rank, group=group, algorithm=self.step_algorithm,
                                               keep_shard=not getattr(self.optimizer_state, "streams_gradients", False))
         self.buckets = [GradientBucket(layout, acquire=self.gradients.acquire, reduce=self.gradients.reduce,
-                                       persistent=self.gradients.persistent, rank=self.rank, on_reduced=on_reduced)
+                                       persistent=self.gradients.persistent, release=self.gradients.release, rank=self.rank,
+                                       on_reduced=on_reduced)
                         for layout in self.layouts]
         self.gradients.buckets = self.buckets
         self.scaler = LossScaler(config) if config.precision == "fp16" else None

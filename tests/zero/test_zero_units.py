@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from zerocomm.zero import ZeroConfig, ZeroConfigError, ZeroStateError
-from zerocomm.zero.gradients import BucketState, GradientBucket
+from zerocomm.zero.gradients import BucketState, GradientBucket, ShardedGradients
 from zerocomm.zero.partition import flat_numel, group_consecutive, layout_groups, plan_buckets, shard_numel
 from zerocomm.zero.precision import LossScaler, clip_coefficient, sum_of_squares
 
@@ -124,6 +124,35 @@ def test_bucket_fills_launches_and_releases():
     bucket.add(1, torch.zeros(2))
     bucket.launch()
     assert launched[1].tolist() == [0] * 6
+
+
+def test_sharded_gradients_reuse_a_finished_buffer_and_free_it_at_the_end_of_the_step():
+    from zerocomm.zero.stages import Reduction
+    layouts = plan_buckets([("a", (10,)), ("b", (3,)), ("c", (9,))], bucket_numel=10, world_size=2, alignment=2)
+    assert [layout.padded_numel for layout in layouts] == [12, 4, 12]
+    grads = ShardedGradients(layouts, dtype=torch.float32, device=torch.device("cpu"),
+                             reduction=Reduction.REDUCE_SCATTER, max_inflight=2, rank=0)
+    first = grads.acquire(layouts[0])
+    assert first.numel() == 12
+    first.fill_(9.0)  # what the previous bucket left in the buffer
+    grads.release(first)
+    launched = []
+    bucket = GradientBucket(layouts[1], acquire=grads.acquire, release=grads.release, persistent=False,
+                            reduce=lambda layout, buffer: launched.append(buffer.clone()) or _Done())
+    bucket.begin()
+    bucket.add(0, torch.tensor([1.0, 2.0, 3.0]))
+    assert bucket.buffer.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()  # no fresh memory
+    bucket.launch()
+    assert launched[0].tolist() == [1, 2, 3, 0]  # the reused buffer's padding is zeroed, not the old 9s
+    shard_bytes = 4 * grads.shard.numel()
+    assert grads.nbytes([bucket]) == shard_bytes + 4 * 12  # the whole buffer counts while in use
+    bucket.wait()
+    assert bucket.buffer is None and grads.nbytes([bucket]) == shard_bytes + 4 * 12  # a spare is memory held
+    for _ in range(3):  # never more spares than buffers in flight
+        grads.release(torch.empty(12))
+    assert grads.nbytes([bucket]) == shard_bytes + 2 * 4 * 12
+    grads.end_step()
+    assert first.untyped_storage().nbytes() == 0 and grads.nbytes([bucket]) == shard_bytes  # the shard only
 
 
 def test_bucket_misuse_raises_state_errors_naming_rank_bucket_and_parameter():
