@@ -27,6 +27,9 @@ reduce_scatter really runs a full all_reduce (so native stages 1-3 move more tha
 textbook value for the torch variants (DDP 2Φ(N−1)/N, ZeroRedundancyOptimizer and FSDP2 3Φ(N−1)/N);
 0 for zerocomm's "shm" rows, whose ranks read each other's buffers in shared memory and send nothing over
 the backend (the choice ZeRO makes by itself when every rank is on one host and ``algorithm`` is left open).
+
+``--interleave K`` measures step times only, every variant in the same ranks, K steps each in turn
+(zero_interleaved.py): ratios of steps run seconds apart, for machines whose speed drifts.
 """
 from __future__ import annotations
 
@@ -321,6 +324,9 @@ def main(argv=None) -> int:
     parser.add_argument("--offload-buffer-numel", type=int, default=1 << 18,
                         help="NVMe offload: elements stepped at once (the pieces read and written)")
     parser.add_argument("--offload-buffer-count", type=int, default=3, help="NVMe offload: pieces in memory at once")
+    parser.add_argument("--interleave", type=int, default=0, metavar="K",
+                        help="step times only: every variant in the same ranks, K steps each in turn, --repeat "
+                        "rotations; × DDP is the median of per-rotation ratios (see zero_interleaved.py)")
     parser.add_argument("--trace", metavar="DIR", help="after the measured steps, profile two more steps of every "
                         "zerocomm variant and write rank 0's Chrome trace into DIR")
     args = parser.parse_args(argv)
@@ -328,10 +334,11 @@ def main(argv=None) -> int:
         parser.error(f"--warmup must be at least 1 (the last warm-up step counts the bytes sent), got {args.warmup}")
     shape = LMShape() if args.small else TinyLM.benchmark_size()
     args.shape = {field: getattr(shape, field) for field in LMShape.__dataclass_fields__}
+    if args.interleave:
+        return _main_interleaved(args, shape)
     rows = []
     for world in args.world_sizes:
-        chosen = [(name, algorithm) for name, algorithm in VARIANTS
-                  if not args.only or any(word in f"{name} {algorithm}" for word in args.only)]
+        chosen = _chosen(args)
         # With --repeat R the variants run round after round (interleaved, so that a stretch of load from
         # elsewhere hits every variant alike); a row reports the median over rounds of the step time.
         rounds: dict = {variant: [] for variant in chosen}
@@ -366,6 +373,31 @@ def main(argv=None) -> int:
             json.dump([dict(zip(headers, row)) for row in rows], handle, indent=1)
     if args.plot:
         plot(rows, args.plot)
+    return 0
+
+
+def _chosen(args) -> list:
+    return [(name, algorithm) for name, algorithm in VARIANTS
+            if not args.only or any(word in f"{name} {algorithm}" for word in args.only)]
+
+
+def _main_interleaved(args, shape) -> int:
+    from tabulate import tabulate
+
+    from . import zero_interleaved
+
+    if args.interleave < 1 or args.repeat < 1:
+        raise SystemExit(f"--interleave and --repeat must be at least 1, got {args.interleave} and {args.repeat}")
+    rows = []
+    for world in args.world_sizes:
+        rows += zero_interleaved.measure(world, _chosen(args), args)
+    print(f"TinyLM {shape}, {args.precision} (zerocomm), Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
+          f"gloo, {os.cpu_count()} cores; {zero_interleaved.describe(args)}")
+    print(tabulate(rows, headers=zero_interleaved.HEADERS, tablefmt="github"))
+    if args.json:
+        import json
+        with open(args.json, "w") as handle:
+            json.dump([dict(zip(zero_interleaved.HEADERS, row)) for row in rows], handle, indent=1)
     return 0
 
 

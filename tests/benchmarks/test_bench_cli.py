@@ -235,3 +235,18 @@ def test_the_algorithm_check_accepts_exactly_what_comm_accepts():
     check_algorithms(dist, ALGORITHMS)
     with pytest.raises(ValueError, match="'foo'"):
         check_algorithms(dist, ["native", "foo"])
+
+
+def test_zero_interleaved_measures_every_variant_in_the_same_ranks(tmp_path, capsys):
+    """``zero --interleave``: one world runs DDP and a ZeRO stage block by block; the rows carry per-rotation
+    ratios to DDP, and both variants trained alike (the same seeded model on the same batches)."""
+    out = tmp_path / "rows.json"
+    assert zero_cli.main(["--small", "--interleave", "2", "--repeat", "3", "--world-sizes", "2",
+                          "--only", "torch DDP", "stage 2 native", "--json", str(out)]) == 0
+    assert "3 rotations of 2 steps" in capsys.readouterr().out
+    ddp, zero = json.loads(out.read_text())
+    assert (ddp["variant"], zero["variant"], zero["algorithm"]) == ("torch DDP", "zerocomm stage 2", "native")
+    assert ddp["× DDP"] == ddp["smallest × DDP"] == ddp["largest × DDP"] == "1.00"
+    assert float(zero["smallest × DDP"]) <= float(zero["× DDP"]) <= float(zero["largest × DDP"])
+    assert float(zero["step ms"]) > 0
+    assert float(zero["last loss (rank 0)"]) == pytest.approx(float(ddp["last loss (rank 0)"]), rel=1e-4)

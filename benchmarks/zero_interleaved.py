@@ -1,0 +1,158 @@
+"""``zerocomm-bench zero --interleave K``: step times of every variant measured in the same ranks, K steps
+at a time in turn, so that a ratio compares steps run seconds apart instead of minutes.
+
+On a shared or virtual machine the speed of the cores drifts by tens of percent within minutes (on the
+2-core test machine torch DDP's step measured 350 ms and 490 ms in two rounds a minute apart).  The
+default mode forks fresh ranks per variant, which is what a peak-memory figure needs, but then two
+variants' steps are tens of seconds apart.  Here each rank builds every chosen variant once (torch's
+variants on torch.distributed's default gloo group, zerocomm's on its own group; one store, two
+prefixes), warms each up, then runs ``--repeat`` rotations; in a rotation each variant runs a *block*
+of K steps back to back, as in training (its last step ends with ``synchronize()``, so no work of one
+variant runs in another's block).
+
+Per block: the median over its steps of the slowest rank's step time.  A variant's ``step ms`` is the
+median over rotations of its blocks; ``× DDP`` is the median over rotations of (block / torch DDP's block
+of the same rotation), with the smallest and largest of those ratios beside it.  Memory is not measured
+here (every variant lives in the same process): use the default mode for the memory columns.
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import statistics
+import tempfile
+import time
+import traceback
+
+import torch
+
+from .models import batch_for, loss_fn
+from .zero_bench import _adam, _model, _return_freed_memory, _stage_and_offload, _torch_variant, _warm_up
+
+
+def _build(name: str, algorithm, args, world: int):
+    """(model to call, model that owns the data recipe, optimizer, synchronize) of one variant."""
+    model, phi = _model(args)
+    if name.startswith("torch"):
+        call, data_model, optimizer, _ = _torch_variant(name, model, phi, world)
+        return call, data_model, optimizer, lambda: None
+    from zerocomm.zero import ZeroConfig, initialize
+
+    stage, offload = _stage_and_offload(name)
+    if offload != "none":
+        raise ValueError(f"--interleave: {name!r} offloads; run it in the default mode")
+    call, optimizer = initialize(model, _adam, ZeroConfig(stage=stage, algorithm=algorithm,
+                                                          reduce_bucket_numel=args.bucket_numel,
+                                                          allgather_bucket_numel=args.bucket_numel,
+                                                          precision=args.precision))
+    return call, call, optimizer, optimizer.synchronize
+
+
+def _rank(rank: int, world: int, store_dir: str, chosen: list, args, conn) -> None:
+    try:
+        _return_freed_memory()
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        import torch.distributed as td
+
+        import zerocomm.comm as dist
+
+        store = td.FileStore(os.path.join(store_dir, "store"), world)
+        timeout = datetime.timedelta(seconds=args.timeout)
+        td.init_process_group("gloo", store=td.PrefixStore("torch", store), rank=rank, world_size=world,
+                              timeout=timeout)
+        dist.init_process_group("gloo", store=td.PrefixStore("zerocomm", store), rank=rank, world_size=world,
+                                timeout=timeout)
+        td.all_reduce(torch.ones(1))
+        for algorithm_name in ("native", "ring", "shm"):
+            dist.all_reduce(torch.ones(1), algorithm=algorithm_name)
+        _warm_up()
+        variants = [_build(name, algorithm, args, world) for name, algorithm in chosen]
+        steps = args.warmup + args.repeat * args.interleave
+        batches = [batch_for(variants[0][1], seed=0, rank=rank, step=step, batch_size=args.batch)
+                   for step in range(steps)]
+        blocks: list = [[] for _ in chosen]  # per variant: one list of step times per rotation
+        losses = [0.0] * len(chosen)
+
+        def run_block(index: int, first_step: int, count: int) -> list:
+            call, data_model, optimizer, synchronize = variants[index]
+            td.barrier()
+            stamps = [time.perf_counter()]
+            for step in range(first_step, first_step + count):
+                x, y = batches[step]
+                loss = loss_fn(data_model, call(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if step == first_step + count - 1:
+                    synchronize()
+                stamps.append(time.perf_counter())
+            losses[index] = float(loss.detach())
+            return [b - a for a, b in zip(stamps, stamps[1:])]
+
+        for index in range(len(chosen)):
+            run_block(index, 0, args.warmup)
+        for rotation in range(args.repeat):
+            first = args.warmup + rotation * args.interleave
+            for index in range(len(chosen)):
+                blocks[index].append(run_block(index, first, args.interleave))
+        dist.destroy_process_group()
+        td.destroy_process_group()
+        conn.send(("ok", {"blocks": blocks, "losses": losses}))
+    except BaseException:  # reported by the parent
+        conn.send(("err", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def measure(world: int, chosen: list, args) -> list:
+    """Run ``chosen`` ((name, algorithm) pairs; torch DDP among them for the ratios) interleaved in
+    ``world`` forked ranks; returns one row per variant: [N, variant, algorithm, step ms, × DDP,
+    smallest × DDP, largest × DDP, last loss (rank 0)]."""
+    context = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="zero-interleaved-") as store_dir:
+        pipes, procs = [], []
+        for rank in range(world):
+            parent, child = context.Pipe(duplex=False)
+            proc = context.Process(target=_rank, args=(rank, world, store_dir, chosen, args, child), daemon=True)
+            proc.start()
+            child.close()
+            pipes.append(parent)
+            procs.append(proc)
+        reports = []
+        try:
+            for rank, pipe in enumerate(pipes):
+                if not pipe.poll(args.timeout):
+                    raise TimeoutError(f"--interleave at world size {world}: rank {rank} did not report within "
+                                       f"{args.timeout} s")
+                status, value = pipe.recv()
+                if status != "ok":
+                    raise RuntimeError(f"--interleave at world size {world}: rank {rank} failed:\n{value}")
+                reports.append(value)
+        finally:
+            for proc in procs:
+                proc.join(10 if reports and len(reports) == world else 0)
+                if proc.is_alive():
+                    proc.kill()
+    # block_ms[v][k]: variant v's block in rotation k, the median over its steps of the slowest rank.
+    block_ms = [[statistics.median(max(r["blocks"][v][k][i] for r in reports) for i in range(args.interleave)) * 1e3
+                 for k in range(args.repeat)] for v in range(len(chosen))]
+    names = [name for name, _ in chosen]
+    ddp = block_ms[names.index("torch DDP")] if "torch DDP" in names else None
+    rows = []
+    for v, (name, algorithm) in enumerate(chosen):
+        ratios = [mine / base for mine, base in zip(block_ms[v], ddp)] if ddp else None
+        rows.append([world, name, algorithm or "-", f"{statistics.median(block_ms[v]):.0f}",
+                     f"{statistics.median(ratios):.2f}" if ratios else "-",
+                     f"{min(ratios):.2f}" if ratios else "-", f"{max(ratios):.2f}" if ratios else "-",
+                     f"{reports[0]['losses'][v]:.6f}"])
+    return rows
+
+
+HEADERS = ["N", "variant", "algorithm", "step ms", "× DDP", "smallest × DDP", "largest × DDP", "last loss (rank 0)"]
+
+
+def describe(args) -> str:
+    return (f"interleaved: every variant in the same ranks, {args.repeat} rotations of {args.interleave} steps each "
+            f"(after {args.warmup} warm-up steps per variant); memory not measured in this mode")
+
