@@ -335,6 +335,14 @@ def main(argv=None) -> int:
     shape = LMShape() if args.small else TinyLM.benchmark_size()
     args.shape = {field: getattr(shape, field) for field in LMShape.__dataclass_fields__}
     if args.interleave:
+        offloading = sorted({name for name, _ in _chosen(args) if "offload" in name})
+        if args.interleave < 1 or args.repeat < 1:
+            parser.error(f"--interleave and --repeat must be at least 1, got {args.interleave} and {args.repeat}")
+        if args.plot or args.trace:
+            parser.error("--interleave measures step times only: --plot and --trace need the default mode")
+        if offloading:
+            parser.error(f"--interleave does not run the offload variants {offloading}: run them in the default "
+                         f"mode, or leave them out with --only")
         return _main_interleaved(args, shape)
     rows = []
     for world in args.world_sizes:
@@ -386,8 +394,6 @@ def _main_interleaved(args, shape) -> int:
 
     from . import zero_interleaved
 
-    if args.interleave < 1 or args.repeat < 1:
-        raise SystemExit(f"--interleave and --repeat must be at least 1, got {args.interleave} and {args.repeat}")
     rows = []
     for world in args.world_sizes:
         rows += zero_interleaved.measure(world, _chosen(args), args)

@@ -250,3 +250,15 @@ def test_zero_interleaved_measures_every_variant_in_the_same_ranks(tmp_path, cap
     assert float(zero["smallest × DDP"]) <= float(zero["× DDP"]) <= float(zero["largest × DDP"])
     assert float(zero["step ms"]) > 0
     assert float(zero["last loss (rank 0)"]) == pytest.approx(float(ddp["last loss (rank 0)"]), rel=1e-4)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--interleave", "2", "--trace", "traces"], "--plot and --trace need the default mode"),
+    (["--interleave", "2", "--only", "offload"], "does not run the offload variants"),
+    (["--interleave", "-1"], "must be at least 1"),
+    (["--interleave", "2", "--repeat", "0"], "must be at least 1"),
+])
+def test_zero_interleaved_refuses_what_it_cannot_measure_before_any_rank_starts(no_ranks, capsys, argv, words):
+    with pytest.raises(SystemExit) as stopped:
+        zero_cli.main(["--small", *argv])
+    assert stopped.value.code == 2 and words in capsys.readouterr().err
