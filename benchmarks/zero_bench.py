@@ -170,7 +170,6 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
             synchronize, barrier, states = (lambda: None), td.barrier, None
         else:
             import zerocomm.comm as dist
-            from zerocomm.zero import ZeroConfig, initialize
 
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
             for algorithm_name in ("native", "ring", "shm"):  # "shm" maps the group's shared segment
@@ -178,17 +177,7 @@ def _run_variant(rank, world, store_dir, name, algorithm, args, conn):
             _warm_up()
             base = _reset_peak()
             model, phi = _model(args)
-            stage, offload = _stage_and_offload(name)
-            fields = {"offload_optimizer": offload}
-            if name.endswith(" params"):
-                fields["offload_param"] = offload
-            if offload == "nvme":
-                fields.update(nvme_path=args.nvme_path or store_dir, offload_buffer_numel=args.offload_buffer_numel,
-                              offload_buffer_count=args.offload_buffer_count)
-            model, optimizer = initialize(model, _adam, ZeroConfig(stage=stage, algorithm=algorithm,
-                                                                   reduce_bucket_numel=args.bucket_numel,
-                                                                   allgather_bucket_numel=args.bucket_numel,
-                                                                   precision=args.precision, **fields))
+            model, optimizer = zero_variant(name, algorithm, model, args, args.nvme_path or store_dir)
             data_model, synchronize, barrier = model, optimizer.synchronize, dist.barrier
         batches = [batch_for(data_model, seed=0, rank=rank, step=step, batch_size=args.batch)
                    for step in range(args.warmup + args.steps)]
@@ -256,6 +245,23 @@ def _trace_steps(args, rank, world, name, algorithm, data_model, model, optimize
         stage, offload = _stage_and_offload(name)
         suffix = "" if offload == "none" else f"_offload_{offload}"
         prof.export_chrome_trace(os.path.join(args.trace, f"zero_trace_stage{stage}{suffix}_{algorithm}_n{world}.json"))
+
+
+def zero_variant(name: str, algorithm, model, args, nvme_dir: str):
+    """(model, optimizer) of the zerocomm variant ``name`` ("zerocomm stage 2 offload nvme") around ``model``;
+    NVMe offload keeps its files in ``nvme_dir``."""
+    from zerocomm.zero import ZeroConfig, initialize
+
+    stage, offload = _stage_and_offload(name)
+    fields = {"offload_optimizer": offload}
+    if name.endswith(" params"):
+        fields["offload_param"] = offload
+    if offload == "nvme":
+        fields.update(nvme_path=nvme_dir, offload_buffer_numel=args.offload_buffer_numel,
+                      offload_buffer_count=args.offload_buffer_count)
+    return initialize(model, _adam, ZeroConfig(stage=stage, algorithm=algorithm, reduce_bucket_numel=args.bucket_numel,
+                                               allgather_bucket_numel=args.bucket_numel, precision=args.precision,
+                                               **fields))
 
 
 def _stage_and_offload(name: str) -> tuple:
@@ -335,14 +341,10 @@ def main(argv=None) -> int:
     shape = LMShape() if args.small else TinyLM.benchmark_size()
     args.shape = {field: getattr(shape, field) for field in LMShape.__dataclass_fields__}
     if args.interleave:
-        offloading = sorted({name for name, _ in _chosen(args) if "offload" in name})
         if args.interleave < 1 or args.repeat < 1:
             parser.error(f"--interleave and --repeat must be at least 1, got {args.interleave} and {args.repeat}")
         if args.plot or args.trace:
             parser.error("--interleave measures step times only: --plot and --trace need the default mode")
-        if offloading:
-            parser.error(f"--interleave does not run the offload variants {offloading}: run them in the default "
-                         f"mode, or leave them out with --only")
         return _main_interleaved(args, shape)
     rows = []
     for world in args.world_sizes:

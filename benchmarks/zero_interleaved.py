@@ -28,24 +28,18 @@ import traceback
 import torch
 
 from .models import batch_for, loss_fn
-from .zero_bench import _adam, _model, _return_freed_memory, _stage_and_offload, _torch_variant, _warm_up
+from .zero_bench import _model, _return_freed_memory, _torch_variant, _warm_up, zero_variant
 
 
-def _build(name: str, algorithm, args, world: int):
-    """(model to call, model that owns the data recipe, optimizer, synchronize) of one variant."""
+def _build(name: str, algorithm, args, world: int, nvme_dir: str):
+    """(model to call, model that owns the data recipe, optimizer, synchronize) of one variant (NVMe offload:
+    its files in ``nvme_dir``, a folder of its own)."""
     model, phi = _model(args)
     if name.startswith("torch"):
         call, data_model, optimizer, _ = _torch_variant(name, model, phi, world)
         return call, data_model, optimizer, lambda: None
-    from zerocomm.zero import ZeroConfig, initialize
-
-    stage, offload = _stage_and_offload(name)
-    if offload != "none":
-        raise ValueError(f"--interleave: {name!r} offloads; run it in the default mode")
-    call, optimizer = initialize(model, _adam, ZeroConfig(stage=stage, algorithm=algorithm,
-                                                          reduce_bucket_numel=args.bucket_numel,
-                                                          allgather_bucket_numel=args.bucket_numel,
-                                                          precision=args.precision))
+    os.makedirs(nvme_dir, exist_ok=True)
+    call, optimizer = zero_variant(name, algorithm, model, args, nvme_dir)
     return call, call, optimizer, optimizer.synchronize
 
 
@@ -67,7 +61,9 @@ def _rank(rank: int, world: int, store_dir: str, chosen: list, args, conn) -> No
         for algorithm_name in ("native", "ring", "shm"):
             dist.all_reduce(torch.ones(1), algorithm=algorithm_name)
         _warm_up()
-        variants = [_build(name, algorithm, args, world) for name, algorithm in chosen]
+        folder = args.nvme_path or store_dir
+        variants = [_build(name, algorithm, args, world, os.path.join(folder, f"variant-{index}"))
+                    for index, (name, algorithm) in enumerate(chosen)]
         steps = args.warmup + args.repeat * args.interleave
         batches = [batch_for(variants[0][1], seed=0, rank=rank, step=step, batch_size=args.batch)
                    for step in range(steps)]
