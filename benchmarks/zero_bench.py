@@ -270,34 +270,40 @@ def _stage_and_offload(name: str) -> tuple:
     return int(words[2]), (words[4] if len(words) > 4 else "none")
 
 
-def run_variant(world: int, name: str, algorithm, args) -> list:
-    """Fork ``world`` ranks for one variant and return their reports (index = rank)."""
+def fork_ranks(world: int, target, extra: tuple, timeout: float, what: str) -> list:
+    """Fork ``world`` ranks, each running ``target(rank, world, store_dir, *extra, conn)`` with a fresh temporary
+    ``store_dir``, and return what they sent as ``("ok", report)`` (index = rank).  A rank that sends an error, or
+    nothing within ``timeout`` seconds, kills them all and raises, naming ``what``."""
     context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="zero-bench-") as store_dir:
         pipes, procs = [], []
         for rank in range(world):
             parent, child = context.Pipe(duplex=False)
-            proc = context.Process(target=_run_variant, args=(rank, world, store_dir, name, algorithm, args, child),
-                                   daemon=True)
+            proc = context.Process(target=target, args=(rank, world, store_dir, *extra, child), daemon=True)
             proc.start()
             child.close()
             pipes.append(parent)
             procs.append(proc)
         reports = []
-        for rank, (pipe, proc) in enumerate(zip(pipes, procs)):
-            if not pipe.poll(args.timeout):
+        for rank, pipe in enumerate(pipes):
+            if not pipe.poll(timeout):
                 for other in procs:
                     other.kill()
-                raise TimeoutError(f"{name} at world size {world}: rank {rank} did not report within {args.timeout} s")
+                raise TimeoutError(f"{what} at world size {world}: rank {rank} did not report within {timeout} s")
             status, value = pipe.recv()
             if status != "ok":
                 for other in procs:
                     other.kill()
-                raise RuntimeError(f"{name} at world size {world}: rank {rank} failed:\n{value}")
+                raise RuntimeError(f"{what} at world size {world}: rank {rank} failed:\n{value}")
             reports.append(value)
         for proc in procs:
             proc.join(10)
     return reports
+
+
+def run_variant(world: int, name: str, algorithm, args) -> list:
+    """Fork ``world`` ranks for one variant and return their reports (index = rank)."""
+    return fork_ranks(world, _run_variant, (name, algorithm, args), args.timeout, name)
 
 
 def summarize(world: int, name: str, algorithm, reports: list) -> list:

@@ -18,17 +18,15 @@ here (every variant lives in the same process): use the default mode for the mem
 from __future__ import annotations
 
 import datetime
-import multiprocessing
 import os
 import statistics
-import tempfile
 import time
 import traceback
 
 import torch
 
 from .models import batch_for, loss_fn
-from .zero_bench import _model, _return_freed_memory, _torch_variant, _warm_up, zero_variant
+from .zero_bench import _model, _return_freed_memory, _torch_variant, _warm_up, fork_ranks, zero_variant
 
 
 def _build(name: str, algorithm, args, world: int, nvme_dir: str):
@@ -105,31 +103,7 @@ def measure(world: int, chosen: list, args) -> list:
     """Run ``chosen`` ((name, algorithm) pairs; torch DDP among them for the ratios) interleaved in
     ``world`` forked ranks; returns one row per variant: [N, variant, algorithm, step ms, × DDP,
     smallest × DDP, largest × DDP, last loss (rank 0)]."""
-    context = multiprocessing.get_context("fork")
-    with tempfile.TemporaryDirectory(prefix="zero-interleaved-") as store_dir:
-        pipes, procs = [], []
-        for rank in range(world):
-            parent, child = context.Pipe(duplex=False)
-            proc = context.Process(target=_rank, args=(rank, world, store_dir, chosen, args, child), daemon=True)
-            proc.start()
-            child.close()
-            pipes.append(parent)
-            procs.append(proc)
-        reports = []
-        try:
-            for rank, pipe in enumerate(pipes):
-                if not pipe.poll(args.timeout):
-                    raise TimeoutError(f"--interleave at world size {world}: rank {rank} did not report within "
-                                       f"{args.timeout} s")
-                status, value = pipe.recv()
-                if status != "ok":
-                    raise RuntimeError(f"--interleave at world size {world}: rank {rank} failed:\n{value}")
-                reports.append(value)
-        finally:
-            for proc in procs:
-                proc.join(10 if reports and len(reports) == world else 0)
-                if proc.is_alive():
-                    proc.kill()
+    reports = fork_ranks(world, _rank, (chosen, args), args.timeout, "--interleave")
     # block_ms[v][k]: variant v's block in rotation k, the median over its steps of the slowest rank.
     block_ms = [[statistics.median(max(r["blocks"][v][k][i] for r in reports) for i in range(args.interleave)) * 1e3
                  for k in range(args.repeat)] for v in range(len(chosen))]
