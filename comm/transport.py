@@ -4,7 +4,7 @@ A backend is one communicator: ``size`` processes numbered ``0..size-1`` (group 
 of which this process is ``rank``.  It has three parts:
 
 * **point to point** (:class:`Transport`): ``isend``/``irecv`` of the bytes of contiguous
-  tensors, matched by ``(peer, tag)``; messages with the same ``(peer, tag)`` are received
+  tensors, matched by ``(peer, tag)`` (and ``exchange``, the two at once with one peer); messages with the same ``(peer, tag)`` are received
   in the order they were sent (MPI's non-overtaking rule, gloo's per-slot FIFO).  That is
   everything zerocomm's own algorithms (ring, tree, 1-bit) need, so one schedule serves
   every backend, the test fakes included.
@@ -29,6 +29,7 @@ group turns only these two into ``CommTimeoutError`` and ``PeerError``.
 from __future__ import annotations
 
 import abc
+import time
 from typing import Callable, ClassVar, Mapping, NoReturn, Optional, Sequence
 
 import torch
@@ -89,6 +90,15 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         """Post a receive into the contiguous ``tensor`` from ``peer``; it must have the sender's byte size."""
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int, deadline: Optional[float]) -> None:
+        """Send ``send`` to ``peer`` and receive ``recv`` (the same byte size) from it with one ``tag``;
+        return when both are done, by ``deadline`` (``time.monotonic()`` seconds, or None).  The whole-buffer
+        step of recursive doubling; this is ``irecv`` + ``isend`` and their waits, and a backend may do it in
+        one call (MPI's C hot loop)."""
+        incoming = self.irecv(recv, peer, tag)
+        self.isend(send, peer, tag).wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        incoming.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     @classmethod
     def can_move(cls, dtype: torch.dtype) -> Optional[str]:

@@ -225,9 +225,7 @@ def _all_reduce_tree_whole(t: Transport, buf: torch.Tensor, op: str, tag: int, d
         # Two ranks: the reduce-then-broadcast (up, then down) becomes one exchange, half the latency with
         # the same bytes.  Every op is commutative, so both ranks compute the same result bit for bit.
         incoming = scratch(buf, buf.numel())
-        recv = t.irecv(incoming, 1 - v, tag)
-        t.isend(buf, 1 - v, tag).wait(remaining(deadline))  # buf is about to change
-        recv.wait(remaining(deadline))
+        t.exchange(buf, incoming, 1 - v, tag, deadline)  # done before buf changes
         KERNELS[op](buf, incoming)
         if op == "avg":
             finalize_(buf, op, n)
@@ -288,9 +286,7 @@ def all_reduce_recursive_doubling(
             partner_new = newrank ^ mask
             peer = partner_new * 2 + 1 if partner_new < rem else partner_new + rem
             if whole:
-                recv = t.irecv(incoming, peer, tag)
-                t.isend(buf, peer, tag).wait(remaining(deadline))  # buf is about to change
-                recv.wait(remaining(deadline))
+                t.exchange(buf, incoming, peer, tag, deadline)  # done before buf changes
                 combine(buf, incoming)
             else:
                 recvs = recv_segmented(t, incoming, peer, tag, seg)

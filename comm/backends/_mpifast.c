@@ -31,6 +31,11 @@
  * only then.  Returns 0 (agreed; data reduced when given), 1 (disagreed; data untouched), or the
  * failure tuples of allreduce.
  *
+ * exchange(comm, send, recv, nbytes, peer, tag, deadline) posts MPI_Irecv(recv) and MPI_Isend(send) of
+ * nbytes each with `peer` and `tag` (as MPI_BYTE), and waits for both as allreduce does: the whole-buffer
+ * exchange of recursive doubling and of a two-rank tree in one call.  Returns 0, or a failure tuple
+ * as allreduce's with ((send request, recv request)) in place of the one request.
+ *
  * rider(comm, stage, owner, kind, op) wraps the same check for comm/_shortpath.c, which runs a small
  * blocking all_reduce from the public function to here without Python in between: a capsule named
  * "zerocomm.rider" whose first member is the function to call (see _shortpath.c for the contract).
@@ -51,6 +56,8 @@
 
 typedef int (*iallreduce_fn)(const void *, void *, int, int, int, int, int *);
 typedef int (*test_fn)(int *, int *, void *);
+typedef int (*isend_fn)(const void *, int, int, int, int, int, int *);
+typedef int (*irecv_fn)(void *, int, int, int, int, int, int *);
 
 typedef void (*user_fn)(void *, void *, int *, int *);
 typedef int (*op_create_fn)(user_fn, int, int *);
@@ -59,6 +66,9 @@ typedef int (*type_commit_fn)(int *);
 
 static iallreduce_fn mpi_iallreduce = NULL;
 static test_fn mpi_test = NULL;
+static isend_fn mpi_isend = NULL;
+static irecv_fn mpi_irecv = NULL;
+static int byte_type = 0;  /* MPI_BYTE's handle, given to bind() */
 static int stage_type = 0, stage_op = 0;  /* made once by bind() */
 
 #define PAYLOAD_BYTES 224
@@ -157,8 +167,10 @@ static PyObject *bind(PyObject *self, PyObject *args) {
     }
     iallreduce_fn iallreduce = (iallreduce_fn)dlsym(library, "MPI_Iallreduce");
     test_fn test = (test_fn)dlsym(library, "MPI_Test");
-    if (iallreduce == NULL || test == NULL) {
-        PyErr_Format(PyExc_OSError, "%s has no MPI_Iallreduce or MPI_Test", path);
+    isend_fn isend = (isend_fn)dlsym(library, "MPI_Isend");
+    irecv_fn irecv = (irecv_fn)dlsym(library, "MPI_Irecv");
+    if (iallreduce == NULL || test == NULL || isend == NULL || irecv == NULL) {
+        PyErr_Format(PyExc_OSError, "%s has no MPI_Iallreduce, MPI_Test, MPI_Isend or MPI_Irecv", path);
         return NULL;
     }
     op_create_fn op_create = (op_create_fn)dlsym(library, "MPI_Op_create");
@@ -180,6 +192,9 @@ static PyObject *bind(PyObject *self, PyObject *args) {
     }
     mpi_iallreduce = iallreduce;
     mpi_test = test;
+    mpi_isend = isend;
+    mpi_irecv = irecv;
+    byte_type = (int)(unsigned int)byte_handle;
     return PyLong_FromLong(STAGE_BYTES);
 }
 
@@ -229,35 +244,42 @@ static int wait_request(int *request, double deadline, int *error) {
     return outcome;
 }
 
-/* Post MPI_Iallreduce(MPI_IN_PLACE, address, ...) and wait.  Returns 1 when done; 0 with *failure set to
- * the failure's new tuple (see the module comment), or to NULL when building it raised. */
-static int run(void *address, int count, int datatype, int op, int comm, double deadline, PyObject **failure) {
-    int request = MPI_REQUEST_NULL_, done = 0, error, outcome;
-    if ((error = mpi_iallreduce(MPI_IN_PLACE_, address, count, datatype, op, comm, &request)) != 0) {
-        *failure = Py_BuildValue("(iKi)", 2, HANDLE(request), error);
-        return 0;
-    }
-    if ((error = mpi_test(&request, &done, MPI_STATUS_IGNORE_)) != 0) {
-        *failure = Py_BuildValue("(iKi)", 2, HANDLE(request), error);
-        return 0;
-    }
-    if (done || (outcome = wait_request(&request, deadline, &error)) == 0)
-        return 1;
+/* The failure tuple of a wait's `outcome` (1, 2 or 3; see the module comment) with `requests` (a new
+ * reference, stolen): (1, requests), (2, requests, error) or (3, requests, exception).  NULL if building it raised. */
+static PyObject *failed(int outcome, PyObject *requests, int error) {
+    if (requests == NULL)
+        return NULL;
+    PyObject *result;
     if (outcome == 1) {
-        *failure = Py_BuildValue("(iK)", 1, HANDLE(request));
+        result = Py_BuildValue("(iN)", 1, requests);
     } else if (outcome == 2) {
-        *failure = Py_BuildValue("(iKi)", 2, HANDLE(request), error);
+        result = Py_BuildValue("(iNi)", 2, requests, error);
     } else {
         PyObject *kind, *exception, *traceback;
         PyErr_Fetch(&kind, &exception, &traceback);
         PyErr_NormalizeException(&kind, &exception, &traceback);
         if (traceback != NULL)
             PyException_SetTraceback(exception, traceback);
-        *failure = Py_BuildValue("(iKO)", 3, HANDLE(request), exception);
+        result = Py_BuildValue("(iNO)", 3, requests, exception);
         Py_XDECREF(kind);
         Py_XDECREF(exception);
         Py_XDECREF(traceback);
     }
+    return result;
+}
+
+/* Post MPI_Iallreduce(MPI_IN_PLACE, address, ...) and wait.  Returns 1 when done; 0 with *failure set to
+ * the failure's new tuple (see the module comment), or to NULL when building it raised. */
+static int run(void *address, int count, int datatype, int op, int comm, double deadline, PyObject **failure) {
+    int request = MPI_REQUEST_NULL_, done = 0, error, outcome;
+    if ((error = mpi_iallreduce(MPI_IN_PLACE_, address, count, datatype, op, comm, &request)) != 0 ||
+        (error = mpi_test(&request, &done, MPI_STATUS_IGNORE_)) != 0) {
+        *failure = failed(2, PyLong_FromUnsignedLongLong(HANDLE(request)), error);
+        return 0;
+    }
+    if (done || (outcome = wait_request(&request, deadline, &error)) == 0)
+        return 1;
+    *failure = failed(outcome, PyLong_FromUnsignedLongLong(HANDLE(request)), error);
     return 0;
 }
 
@@ -288,6 +310,43 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (run(address, count, datatype, op, comm, deadline, &failure))
         return PyLong_FromLong(0);
     return failure;
+}
+
+/* Exchange nbytes with peer (see the module comment): both requests posted, then each waited. */
+static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "exchange(comm, send, recv, nbytes, peer, tag, deadline)");
+        return NULL;
+    }
+    if (!bound())
+        return NULL;
+    int comm = handle(args[0]);
+    const void *send = PyLong_AsVoidPtr(args[1]);
+    void *recv = PyLong_AsVoidPtr(args[2]);
+    long nbytes = PyLong_AsLong(args[3]), peer = PyLong_AsLong(args[4]), tag = PyLong_AsLong(args[5]);
+    double deadline = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (nbytes < 0 || nbytes > 0x7fffffffL) {
+        PyErr_Format(PyExc_ValueError, "exchange: %ld bytes do not fit an MPI count", nbytes);
+        return NULL;
+    }
+    int requests[2] = {MPI_REQUEST_NULL_, MPI_REQUEST_NULL_};  /* send, recv */
+    int error = 0, outcome = 2;
+    if ((error = mpi_irecv(recv, (int)nbytes, byte_type, (int)peer, (int)tag, comm, &requests[1])) == 0 &&
+        (error = mpi_isend(send, (int)nbytes, byte_type, (int)peer, (int)tag, comm, &requests[0])) == 0) {
+        outcome = 0;
+        for (int k = 0; k < 2 && outcome == 0; k++) {
+            int done = 0;
+            if ((error = mpi_test(&requests[k], &done, MPI_STATUS_IGNORE_)) != 0)
+                outcome = 2;
+            else if (!done)
+                outcome = wait_request(&requests[k], deadline, &error);
+        }
+    }
+    if (outcome == 0)
+        return PyLong_FromLong(0);
+    return failed(outcome, Py_BuildValue("(KK)", HANDLE(requests[0]), HANDLE(requests[1])), error);
 }
 
 /* The mismatch check with `nbytes` of `data` riding (see the module comment): 0 agreed (data reduced), 1
@@ -402,6 +461,8 @@ static PyMethodDef methods[] = {
      "bind(path, MPI_BYTE handle): take MPI's functions from the loaded MPICH library at path; the stage's size"},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(comm, address, count, datatype, op, deadline) -> 0 or (kind, request[, detail]); see the module"},
+    {"exchange", (PyCFunction)(void (*)(void))exchange, METH_FASTCALL,
+     "exchange(comm, send, recv, nbytes, peer, tag, deadline) -> 0 or (kind, (send, recv)[, detail]); see the module"},
     {"checked", (PyCFunction)(void (*)(void))checked, METH_FASTCALL,
      "checked(comm, stage, data, nbytes, kind, op, count, digest, deadline) -> 0 agreed, 1 not, or a failure"},
     {"rider", make_rider, METH_VARARGS,

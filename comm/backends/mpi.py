@@ -34,10 +34,11 @@ new ``init_process_group`` duplicates a fresh one.
 [Note: the C hot loop]  ``_mpifast`` (an optional C extension, built by ``pip install``) posts an
 ``MPI_Iallreduce`` and runs the same wait in C, with the GIL released while it yields or sleeps:
 a small all_reduce then costs one Python-to-C call instead of mpi4py's buffer parsing, a request
-object and a Python loop.  It is used for all_reduce and the mismatch check when it imports and the
-library is MPICH (whose handles are ints, so the extension needs no mpi.h); otherwise (or with a
-backend's ``_fast`` set to ``None``, as the tests do) the same steps run through mpi4py.  Both paths
-leave a timed-out request in ``_orphans`` with its buffer.
+object and a Python loop.  It is used for all_reduce, the mismatch check and ``exchange`` (the
+whole-buffer step of recursive doubling and of a two-rank tree: both requests posted and waited in
+one call) when it imports and the library is MPICH (whose handles are ints, so the extension needs no
+mpi.h); otherwise (or with a backend's ``_fast`` set to ``None``, as the tests do) the same steps run
+through mpi4py.  Both paths leave a timed-out request in ``_orphans`` with its buffers.
 
 [Note: threads]  The executor thread and the caller's thread may both call MPI, so
 zerocomm needs ``MPI_THREAD_MULTIPLE``; ``init_process_group("mpi")`` asks for it
@@ -56,12 +57,9 @@ from ...ops.reduce import finalize_, reduce_
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request
-from .mpi_start import loaded_libmpi
+from .mpi_start import bind_extension
 
-try:
-    from . import _mpifast  # the optional C hot loop (see the note)
-except ImportError:  # not built (no compiler at install time): everything runs through mpi4py
-    _mpifast = None
+from .mpi_start import _mpifast  # the optional C hot loop (see the note), or None
 
 #: The phases of a wait (see the note above).
 _SPIN_S = 20e-6
@@ -120,29 +118,6 @@ _RIDES = {(dtype, op): (kind, code, _C_PAYLOAD_BYTES // dtype.itemsize, dtype.it
           if code < 4 or not dtype.is_floating_point}
 
 
-def _bind_extension(MPI) -> bool:
-    """Whether ``_mpifast`` is bound to the loaded MPICH library (see the note on the C hot loop); tried once."""
-    if not _BOUND:
-        _BOUND.append(_mpifast is not None and _try_to_bind(MPI))
-    return _BOUND[0]
-
-
-_BOUND: List[bool] = []
-
-
-def _try_to_bind(MPI) -> bool:
-    path = loaded_libmpi()
-    # MPICH's int handles (mpi4py writes a negative one sign-extended to 64 bits, as unsigned).
-    handles = (MPI.COMM_WORLD.handle, MPI.FLOAT.handle, MPI.SUM.handle, MPI.BYTE.handle)
-    ints = all(isinstance(h, int) and (h < 2**31 or h >= 2**64 - 2**31) for h in handles)
-    if path is None or not MPI.Get_library_version().startswith("MPICH") or not ints or \
-            MPI.REQUEST_NULL.handle != 0x2c000000:
-        return False  # another ABI (Open MPI's handles are pointers)
-    try:
-        _mpifast.bind(path, MPI.BYTE.handle)
-    except OSError:
-        return False
-    return True
 
 
 def _wait(request, what, deadline: Optional[float], status=None, orphans=None, keep=None) -> None:
@@ -279,9 +254,10 @@ class MpiBackend(Backend):
         self._specs: dict = {}
         #: ``_mpifast.allreduce`` or None (see the note on the C hot loop); ``_checked``: ``_mpifast.checked``.
         # Every rank must check the same way (the check's MPI type differs): the C way only where all can.
-        self._fast = _mpifast.allreduce if comm.allreduce(int(_bind_extension(MPI)), op=MPI.MIN) else None
+        self._fast = _mpifast.allreduce if comm.allreduce(int(bind_extension(MPI)), op=MPI.MIN) else None
         self._checked = _mpifast.checked if self._fast is not None else None
-        self._handle = comm.handle
+        self._exchange = _mpifast.exchange if self._fast is not None else None
+        self._handle, self._p2p_handle = comm.handle, self.p2p.handle
         #: The mismatch check's buffer (see ``agree``), made once: [digest, -digest] through mpi4py, or
         #: ``_mpifast``'s 256-byte stage (a header and a small tensor's bytes).
         self._agreement = array.array("q", bytes(256))
@@ -362,6 +338,15 @@ class MpiBackend(Backend):
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         return MpiRequest(self.p2p.Irecv(self._bytes(tensor), peer, tag),
                           ("recv from rank {} (tag {})", peer, tag), tensor, self._orphans, peer=peer, receive=True)
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int, deadline: Optional[float]) -> None:
+        nbytes = send.numel() * send.element_size()
+        if self._fast is None or nbytes > _INT_MAX:  # no C hot loop (or the tests turned it off)
+            return super().exchange(send, recv, peer, tag, deadline)
+        outcome = self._exchange(self._p2p_handle, send.data_ptr(), recv.data_ptr(), nbytes, peer, tag,
+                                 -1.0 if deadline is None else deadline)
+        if outcome:  # the C hot loop's exchange: one call instead of two requests and two waits
+            self._fast_failed(outcome, ("exchange with rank {} (tag {})", peer, tag), (send, recv), peer)
 
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
         status = self.MPI.Status()
@@ -486,14 +471,16 @@ class MpiBackend(Backend):
         if not request.Test():
             _wait(request, what, deadline, None, self._orphans, keep)
 
-    def _fast_failed(self, outcome: tuple, what: str, keep) -> NoReturn:
-        """Raise what ``_mpifast.allreduce``'s ``outcome`` says, keeping its posted request (see the notes)."""
-        request = self.MPI.Request.fromhandle(outcome[1])
-        self._orphans.append((request, keep, False))
+    def _fast_failed(self, outcome: tuple, what, keep, peer: Optional[int] = None) -> NoReturn:
+        """Raise what an ``_mpifast`` call's ``outcome`` says, keeping its posted requests (see the notes):
+        one request, or ``exchange``'s (send, receive)."""
+        handles = outcome[1] if isinstance(outcome[1], tuple) else (outcome[1],)
+        for k, handle in enumerate(handles):
+            self._orphans.append((self.MPI.Request.fromhandle(handle), keep, k == 1))
         if outcome[0] == 1:
-            raise TimeoutError(what)
+            raise TimeoutError(_describe(what))
         if outcome[0] == 2:
-            raise PeerFailure(f"{what}: {self.MPI.Get_error_string(outcome[2])}")
+            raise PeerFailure(f"{_describe(what)}: {self.MPI.Get_error_string(outcome[2])}", peer)
         raise outcome[2]  # what a signal handler raised (KeyboardInterrupt)
 
     def _all_reduce_spec(self, tensor, op, key) -> tuple:

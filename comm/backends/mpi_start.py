@@ -1,6 +1,7 @@
-"""Starting MPI for zerocomm: ``MPI_Init_thread`` with a deadline, and ``MPI_Abort`` on an uncaught exception.
+"""Starting MPI for zerocomm: ``MPI_Init_thread`` with a deadline, ``MPI_Abort`` on an uncaught exception,
+and binding the backend's optional C hot loop (``_mpifast``) to the loaded MPICH library.
 
-Called once, by ``init_process_group("mpi")``, before the MPI backend (``mpi.py``) makes its
+Called once, by ``init_process_group("mpi")`` and the MPI backend (``mpi.py``) as it makes its
 communicator; nothing here is on a collective's path.
 """
 from __future__ import annotations
@@ -9,7 +10,12 @@ import os
 import sys
 import threading
 import time
-from typing import Optional
+from typing import List, Optional
+
+try:
+    from . import _mpifast  # the MPI backend's optional C hot loop (see mpi.py's note)
+except ImportError:  # not built (no compiler at install time): everything runs through mpi4py
+    _mpifast = None
 
 
 def _mpi():
@@ -21,6 +27,31 @@ def loaded_libmpi() -> Optional[str]:
     """The path of the MPI library this process has loaded (mpi4py's), or ``None``."""
     with open("/proc/self/maps") as maps:
         return next((line.split()[-1] for line in maps if "/libmpi" in line and ".so" in line), None)
+
+
+def bind_extension(MPI) -> bool:
+    """Whether ``_mpifast`` is bound to the loaded MPICH library (see the note on the C hot loop); tried once."""
+    if not _BOUND:
+        _BOUND.append(_mpifast is not None and _try_to_bind(MPI))
+    return _BOUND[0]
+
+
+_BOUND: List[bool] = []
+
+
+def _try_to_bind(MPI) -> bool:
+    path = loaded_libmpi()
+    # MPICH's int handles (mpi4py writes a negative one sign-extended to 64 bits, as unsigned).
+    handles = (MPI.COMM_WORLD.handle, MPI.FLOAT.handle, MPI.SUM.handle, MPI.BYTE.handle)
+    ints = all(isinstance(h, int) and (h < 2**31 or h >= 2**64 - 2**31) for h in handles)
+    if path is None or not MPI.Get_library_version().startswith("MPICH") or not ints or \
+            MPI.REQUEST_NULL.handle != 0x2c000000:
+        return False  # another ABI (Open MPI's handles are pointers)
+    try:
+        _mpifast.bind(path, MPI.BYTE.handle)
+    except OSError:
+        return False
+    return True
 
 
 # -- init with a deadline, and abort on an uncaught exception (see docs/failures.md) ------------------------

@@ -1,4 +1,4 @@
-"""The MPI backend's two ways of running an all_reduce and the mismatch check: the optional C hot loop
+"""The MPI backend's two ways of running an all_reduce, the mismatch check and an exchange: the optional C hot loop
 (``_mpifast``) and mpi4py.  Every case runs both ways in one job and must give the same results, the
 same ``CollectiveMismatchError`` and the same timeout; the C way is skipped, with the reason, where the
 extension was not built.  The short path (a blocking SUM all_reduce of a cell seen before) runs the
@@ -305,3 +305,131 @@ def test_the_check_digest_is_the_same_in_every_process():
     outputs = {subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120,
                               env=dict(os.environ, PYTHONHASHSEED=seed)).stdout for seed in ("1", "2")}
     assert len(outputs) == 1, outputs
+
+
+#: The ways ``exchange`` runs: in C (``_mpifast.exchange``), or as ``irecv`` + ``isend`` through mpi4py.
+EXCHANGE_WAYS = ["c check", "mpi4py"]
+
+
+def _exchanges_per_call(n: int, rank: int, algorithm: str, numel: int) -> int:
+    """Whole-buffer exchanges one small call makes on ``rank``: recursive doubling's steps among the largest
+    power of two of ranks (the others fold in and out), or the two-rank tree's one."""
+    if numel == 0 or n == 1:
+        return 0
+    if algorithm == "tree":
+        return 1 if n == 2 else 0
+    p = 1 << (n.bit_length() - 1)
+    folded_out = rank < 2 * (n - p) and rank % 2 == 0
+    return 0 if folded_out else p.bit_length() - 1
+
+
+def exchange_results_both_ways() -> dict:
+    """recursive_doubling and tree all_reduce on every (dtype, op) cell at 0, 1, 7 and 1000 elements, each
+    way: the results, and how many exchanges ran in C against how many the schedules make."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    backend = _backend()
+    out = {}
+    for way in EXCHANGE_WAYS:
+        with _way(way) as unavailable:
+            if unavailable:
+                out[way] = unavailable
+                continue
+            in_c, fast_exchange = [0], backend._exchange
+
+            def counted(*args):
+                in_c[0] += 1
+                return fast_exchange(*args)
+
+            backend._exchange = counted
+            wrong, expected_exchanges = [], 0
+            try:
+                for algorithm in ("recursive_doubling", "tree"):
+                    for dtype, op in CASES:
+                        for numel in (0, 1, 7, 1000):
+                            tensor = _input(rank, numel, dtype, op)
+                            dist.all_reduce(tensor, op=OPS[op], algorithm=algorithm)
+                            expected_exchanges += _exchanges_per_call(n, rank, algorithm, numel)
+                            expected = _expected(n, numel, dtype, op)
+                            if not torch.allclose(tensor.double(), expected.double(), rtol=1e-2 if op == "avg" else 0):
+                                wrong.append((algorithm, str(dtype), op, numel, tensor[:4].tolist()))
+            finally:
+                backend._exchange = fast_exchange
+            out[way] = {"wrong": wrong, "in C": in_c[0],
+                        "expected in C": expected_exchanges if way == "c check" else 0}
+    return out
+
+
+@pytest.mark.parametrize("world", worlds(("mpi",), (2, 3, 4)), indirect=True)
+def test_recursive_doubling_and_tree_exchange_in_c_with_the_same_results(world):
+    outs = world.run(exchange_results_both_ways, timeout=120)
+    for rank, out in enumerate(outs):
+        for way in EXCHANGE_WAYS:
+            if isinstance(out[way], str):
+                continue
+            assert out[way]["wrong"] == [], (rank, way, out[way]["wrong"][:3])
+            assert out[way]["in C"] == out[way]["expected in C"], (rank, way, out[way])
+    _skip_where_not_built(outs[0])
+
+
+def late_peer_in_an_exchange() -> dict:
+    """Rank 0 exchanges with rank 1 under a 0.5 s deadline while rank 1 is 1.5 s late, each way: a
+    ``TimeoutError`` naming the peer, in time, with the receive kept posted with its buffer; rank 1's late
+    exchange then meets what rank 0 left posted (its bytes land in that buffer), and the world still works
+    after the group is destroyed."""
+    import gc
+    rank = dist.get_rank()
+    out = {}
+    for way in EXCHANGE_WAYS:
+        group = dist.new_group([0, 1])
+        with _way(way, group) as unavailable:
+            if unavailable:
+                out[way] = unavailable
+            else:
+                backend, seen = _backend(group), {}
+                send, recv = torch.full((4,), float(rank + 1)), torch.zeros(4)
+                if rank == 0:
+                    start = time.monotonic()
+                    try:
+                        backend.exchange(send, recv, 1, 77, start + 0.5)
+                        seen["first"] = "done"
+                    except TimeoutError as error:
+                        seen["first"] = ("TimeoutError", "rank 1" in str(error), time.monotonic() - start)
+                    gc.collect()  # a dropped unfinished request joins the orphans when collected
+                    seen["kept"] = any(keep is recv or (isinstance(keep, tuple) and any(k is recv for k in keep))
+                                       for _, keep, _ in backend._orphans)
+                    # The receive stays posted: rank 1's late bytes land in the kept buffer.  Waiting for them
+                    # also keeps this rank from freeing the communicator under rank 1's message.
+                    until = time.monotonic() + 10
+                    while recv.tolist() != [2.0] * 4 and time.monotonic() < until:
+                        for request, _, _ in backend._orphans:
+                            request.Test()  # drives MPI's progress, which delivers into posted receives
+                        time.sleep(0.01)
+                    seen["late bytes"] = recv.tolist()
+                else:
+                    time.sleep(1.5)
+                    backend.exchange(send, recv, 0, 77, time.monotonic() + 10)
+                    seen["got"] = recv.tolist()
+                out[way] = seen
+        dist.destroy_process_group(group)
+    check = torch.ones(2)
+    dist.all_reduce(check)
+    out["world"] = check.tolist()
+    return out
+
+
+@pytest.mark.parametrize("world", worlds(("mpi",), (2,)), indirect=True)
+def test_a_late_peer_times_out_in_an_exchange_both_ways(world):
+    outs = world.run(late_peer_in_an_exchange, timeout=90)
+    for rank, out in enumerate(outs):
+        assert out["world"] == [2.0, 2.0], out
+        for way in EXCHANGE_WAYS:
+            if isinstance(out[way], str):
+                continue
+            if rank == 0:
+                assert out[way]["first"] != "done", (way, out)
+                name, names_peer, took = out[way]["first"]
+                assert name == "TimeoutError" and names_peer and 0.45 < took < 1.4, (way, out[way])
+                assert out[way]["kept"] and out[way]["late bytes"] == [2.0] * 4, (way, out[way])
+            else:
+                assert out[way]["got"] == [1.0] * 4, (way, out[way])
+    _skip_where_not_built(outs[0])
