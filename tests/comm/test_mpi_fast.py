@@ -65,6 +65,14 @@ def _skip_where_not_built(out: dict) -> None:
         pytest.skip("; ".join(missing))
 
 
+def _each_way(outs: list, ways: list):
+    """``(rank, way, result)`` for every rank's result of every way that ran (a string says why a way could not)."""
+    for rank, out in enumerate(outs):
+        for way in ways:
+            if not isinstance(out[way], str):
+                yield rank, way, out[way]
+
+
 def _c_checks() -> int:
     """Checks the C way has run (``_mpifast.checks()``), 0 where it is not built."""
     from zerocomm.comm.backends import mpi
@@ -132,13 +140,10 @@ def results_both_ways() -> dict:
 @pytest.mark.parametrize("world", worlds(("mpi",), (2, 3)), indirect=True)
 def test_all_reduce_gives_the_same_results_both_ways(world):
     outs = world.run(results_both_ways, timeout=120)
-    for rank, out in enumerate(outs):
-        for way in WAYS:
-            if isinstance(out[way], str):
-                continue
-            assert out[way]["wrong"] == [], (rank, way, out[way]["wrong"][:3])
-            # every call is checked (default settings), the short path's too
-            assert out[way]["checks"] == out[way]["calls"], (rank, way, out[way])
+    for rank, way, seen in _each_way(outs, WAYS):
+        assert seen["wrong"] == [], (rank, way, seen["wrong"][:3])
+        # every call is checked (default settings), the short path's too
+        assert seen["checks"] == seen["calls"], (rank, way, seen)
     _skip_where_not_built(outs[0])
 
 
@@ -362,12 +367,9 @@ def exchange_results_both_ways() -> dict:
 @pytest.mark.parametrize("world", worlds(("mpi",), (2, 3, 4)), indirect=True)
 def test_recursive_doubling_and_tree_exchange_in_c_with_the_same_results(world):
     outs = world.run(exchange_results_both_ways, timeout=120)
-    for rank, out in enumerate(outs):
-        for way in EXCHANGE_WAYS:
-            if isinstance(out[way], str):
-                continue
-            assert out[way]["wrong"] == [], (rank, way, out[way]["wrong"][:3])
-            assert out[way]["in C"] == out[way]["expected in C"], (rank, way, out[way])
+    for rank, way, seen in _each_way(outs, EXCHANGE_WAYS):
+        assert seen["wrong"] == [], (rank, way, seen["wrong"][:3])
+        assert seen["in C"] == seen["expected in C"], (rank, way, seen)
     _skip_where_not_built(outs[0])
 
 
@@ -420,16 +422,13 @@ def late_peer_in_an_exchange() -> dict:
 @pytest.mark.parametrize("world", worlds(("mpi",), (2,)), indirect=True)
 def test_a_late_peer_times_out_in_an_exchange_both_ways(world):
     outs = world.run(late_peer_in_an_exchange, timeout=90)
-    for rank, out in enumerate(outs):
-        assert out["world"] == [2.0, 2.0], out
-        for way in EXCHANGE_WAYS:
-            if isinstance(out[way], str):
-                continue
-            if rank == 0:
-                assert out[way]["first"] != "done", (way, out)
-                name, names_peer, took = out[way]["first"]
-                assert name == "TimeoutError" and names_peer and 0.45 < took < 1.4, (way, out[way])
-                assert out[way]["kept"] and out[way]["late bytes"] == [2.0] * 4, (way, out[way])
-            else:
-                assert out[way]["got"] == [1.0] * 4, (way, out[way])
+    assert all(out["world"] == [2.0, 2.0] for out in outs), outs
+    for rank, way, seen in _each_way(outs, EXCHANGE_WAYS):
+        if rank == 0:
+            assert seen["first"] != "done", (way, seen)
+            name, names_peer, took = seen["first"]
+            assert name == "TimeoutError" and names_peer and 0.45 < took < 1.4, (way, seen)
+            assert seen["kept"] and seen["late bytes"] == [2.0] * 4, (way, seen)
+        else:
+            assert seen["got"] == [1.0] * 4, (way, seen)
     _skip_where_not_built(outs[0])
