@@ -13,9 +13,13 @@ all of them alike:
   with the same algorithms.
 * In both, zerocomm native once more with ``group=dist.group.WORLD`` (the torch ``ProcessGroup`` that
   stands for the default group) instead of ``group=None``: the cost of resolving a group handle.
+* Then, in both, the peer and zerocomm's native, recursive_doubling and tree calls again with the
+  per-call mismatch check off (``configure(check=False)``, what ``ZEROCOMM_CHECK=0`` sets): what the
+  check costs each of them.  Its rounds run after the first ones, so its ratios are to the peer of
+  its own rounds.
 
 Each call is timed on its own (OSU style: per-call latency, the median over calls and ranks'
-worst); ratios are to the peer (raw MPI, torch gloo) and to zerocomm native.  The second table
+worst); ratios are to the peer (raw MPI, torch gloo) and to zerocomm native.  The last table
 is the ring's memory: the peak extra resident memory of one 64 MiB float32 all_reduce at 2 ranks
 (``VmHWM`` reset through ``/proc/self/clear_refs``), against the segment size, with the backend's
 native all_reduce beside it.  Results are timings, not assertions: compare them within one run.
@@ -32,6 +36,8 @@ import tempfile
 import time
 
 ALGORITHMS = ("native", "recursive_doubling", "tree", "ring")
+#: The algorithms measured again with the mismatch check off (the ring's cost is its schedule, not the check).
+UNCHECKED = ("native", "recursive_doubling", "tree")
 RSS_BYTES = 64 << 20
 
 
@@ -98,6 +104,19 @@ def _summary(times: dict) -> dict:
     return {name: statistics.median(values) * 1e6 for name, values in times.items()}
 
 
+def _unchecked(dist, peer: str, call, tensor, iters: int, barrier) -> dict:
+    """Per-call µs of the peer's ``call`` and of zerocomm's ``UNCHECKED`` algorithms with the mismatch check
+    off (every rank switches it off and back on at the same point)."""
+    variants = {peer: call}
+    for algorithm in UNCHECKED:
+        variants[f"zerocomm {algorithm}"] = (lambda a=algorithm: dist.all_reduce(tensor, algorithm=a))
+    dist.configure(check=False)
+    try:
+        return _summary(_rounds(variants, iters, barrier))
+    finally:
+        dist.configure(check=True)
+
+
 def mpi_worker(iters: int) -> dict:
     import torch
     from mpi4py import MPI
@@ -112,19 +131,21 @@ def mpi_worker(iters: int) -> dict:
         variants[f"zerocomm {algorithm}"] = (lambda a=algorithm: dist.all_reduce(tensor, algorithm=a))
     variants[HANDLE_VARIANT] = _through_handle(dist, tensor)
     result = _summary(_rounds(variants, iters, comm.Barrier))
+    unchecked = _unchecked(dist, "raw mpi4py Allreduce", variants["raw mpi4py Allreduce"], tensor, iters, comm.Barrier)
     dist.configure(segment_bytes=4 << 20)
     big = torch.ones(RSS_BYTES // 4)
     rss = {algorithm: _peak_extra_rss(lambda a=algorithm: dist.all_reduce(big, algorithm=a))
            for algorithm in ("native", "ring", "ring")}  # ring twice: the second run is the steady state
     rss["waiting_cpu_percent"] = _waiting_cpu(dist, comm.Get_rank())
-    both = comm.gather([result, rss], root=0)
+    both = comm.gather([result, rss, unchecked], root=0)
     dist.destroy_process_group()
     return _worst(both) if comm.Get_rank() == 0 else None
 
 
 def _worst(per_rank: list) -> list:
-    """Each figure's worst (largest) value over the ranks' ``[latency, rss]`` pairs."""
-    return [{key: max(rank[part][key] for rank in per_rank) for key in per_rank[0][part]} for part in range(2)]
+    """Each figure's worst (largest) value over the ranks' ``[latency, rss, latency with the check off]``."""
+    return [{key: max(rank[part][key] for rank in per_rank) for key in per_rank[0][part]}
+            for part in range(len(per_rank[0]))]
 
 
 def gloo_worker(rank: int, iters: int, folder: str, out) -> None:
@@ -145,11 +166,13 @@ def gloo_worker(rank: int, iters: int, folder: str, out) -> None:
         variants[f"zerocomm {algorithm}"] = (lambda a=algorithm: dist.all_reduce(tensor, algorithm=a))
     variants[HANDLE_VARIANT] = _through_handle(dist, tensor)
     result = _summary(_rounds(variants, iters, td.barrier))
+    unchecked = _unchecked(dist, "torch.distributed gloo", variants["torch.distributed gloo"], tensor, iters,
+                           td.barrier)
     big = torch.ones(RSS_BYTES // 4)
     rss = {algorithm: _peak_extra_rss(lambda a=algorithm: dist.all_reduce(big, algorithm=a))
            for algorithm in ("native", "ring", "ring")}
     both = [None, None]
-    td.all_gather_object(both, [result, rss])
+    td.all_gather_object(both, [result, rss, unchecked])
     dist.destroy_process_group()
     td.destroy_process_group()
     if rank == 0:
@@ -196,20 +219,27 @@ def _tables(results: dict) -> str:
     from tabulate import tabulate
     lines = []
     for backend, peer in (("mpi", "raw mpi4py Allreduce"), ("gloo", "torch.distributed gloo")):
-        latency, _ = results[backend]
-        native = latency["zerocomm native"]
-        rows = [[name, f"{us:.1f}", f"{us / latency[peer]:.2f}", f"{us / native:.2f}"] for name, us in latency.items()]
-        lines.append(f"{backend}, 2 ranks, 8 B float32 all_reduce, blocking (median per-call µs, worst rank)")
-        lines.append(tabulate(rows, headers=["variant", "µs", f"× {peer}", "× zerocomm native"]))
-        lines.append("")
+        if backend not in results:
+            continue
+        latency, _, unchecked = results[backend]
+        for title, figures in (("", latency), (", mismatch check off", unchecked)):
+            native = figures["zerocomm native"]
+            rows = [[name, f"{us:.1f}", f"{us / figures[peer]:.2f}", f"{us / native:.2f}"]
+                    for name, us in figures.items()]
+            lines.append(f"{backend}, 2 ranks, 8 B float32 all_reduce, blocking{title} "
+                         f"(median per-call µs, worst rank)")
+            lines.append(tabulate(rows, headers=["variant", "µs", f"× {peer}", "× zerocomm native"]))
+            lines.append("")
     rows = []
     for backend in ("mpi", "gloo"):
-        rss = results[backend][1]
-        rows.append([backend, f"{rss['native']:.1f}", f"{rss['ring']:.1f}", "8.0"])
+        if backend in results:
+            rss = results[backend][1]
+            rows.append([backend, f"{rss['native']:.1f}", f"{rss['ring']:.1f}", "8.0"])
     lines.append("peak extra RSS of one 64 MiB float32 all_reduce, 2 ranks (MiB, worst rank; segments of 4 MiB)")
     lines.append(tabulate(rows, headers=["backend", "native", "ring", "2 segments"]))
-    lines.append(f"\nmpi: a rank waiting 2 s in all_reduce for a late peer used "
-                 f"{results['mpi'][1]['waiting_cpu_percent']:.2f} % of a core")
+    if "mpi" in results:
+        lines.append(f"\nmpi: a rank waiting 2 s in all_reduce for a late peer used "
+                     f"{results['mpi'][1]['waiting_cpu_percent']:.2f} % of a core")
     return "\n".join(lines)
 
 
@@ -246,10 +276,7 @@ def run(args) -> int:
     if "gloo" in backends:
         results["gloo"] = _run_gloo(args.iters)
     load = os.getloadavg()
-    if set(results) == {"mpi", "gloo"}:
-        print(_tables(results))
-    else:
-        print(json.dumps(results, indent=1))
+    print(_tables(results))
     print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)")
     if args.json:
         with open(args.json, "w") as handle:

@@ -15,7 +15,7 @@ import tomllib
 
 import pytest
 
-from zerocomm.benchmarks import cli, collectives_cli, launch, units, zero_cli
+from zerocomm.benchmarks import cli, collectives_cli, launch, overhead, units, zero_cli
 from zerocomm.benchmarks.target import STANDIN_ENV, target_name
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -264,3 +264,22 @@ def test_zero_interleaved_refuses_what_it_cannot_measure_before_any_rank_starts(
     with pytest.raises(SystemExit) as stopped:
         zero_cli.main(["--small", *argv])
     assert stopped.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(STANDIN, reason=NO_MPI_REASON)
+def test_overhead_prints_every_variant_beside_its_peer_with_the_check_on_and_off(tmp_path):
+    """``overhead`` end to end: per backend, every variant's per-call time beside the peer's, then the peer and the
+    checked algorithms again with the mismatch check off; the ring's memory; the MPI waiting rank's CPU."""
+    json_path = tmp_path / "overhead.json"
+    stdout = _bench("overhead", "--iters", "100", "--json", str(json_path), timeout=170)
+    results = json.loads(json_path.read_text())["results"]
+    for backend, peer in (("mpi", "raw mpi4py Allreduce"), ("gloo", "torch.distributed gloo")):
+        latency, rss, unchecked = results[backend]
+        assert set(latency) == {peer, overhead.HANDLE_VARIANT, *(f"zerocomm {a}" for a in overhead.ALGORITHMS)}
+        assert set(unchecked) == {peer, *(f"zerocomm {a}" for a in overhead.UNCHECKED)}
+        assert all(us > 0 for us in [*latency.values(), *unchecked.values()]), results[backend]
+        assert 0 <= rss["ring"] < 64, rss  # MiB: a 64 MiB all_reduce's ring keeps segments, not the tensor
+        for title in ("blocking (median", "blocking, mismatch check off (median"):
+            assert f"{backend}, 2 ranks, 8 B float32 all_reduce, {title}" in stdout, stdout
+    assert "% of a core" in stdout and "load average at the end" in stdout
