@@ -57,9 +57,7 @@ from ...ops.reduce import finalize_, reduce_
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request
-from .mpi_start import bind_extension
-
-from .mpi_start import _mpifast  # the optional C hot loop (see the note), or None
+from .mpi_start import _mpifast, bind_extension  # _mpifast: the optional C hot loop (see the note), or None
 
 #: The phases of a wait (see the note above).
 _SPIN_S = 20e-6
@@ -116,8 +114,6 @@ _NO_PAYLOAD = (0, 0, -1, 0, 0)
 _RIDES = {(dtype, op): (kind, code, _C_PAYLOAD_BYTES // dtype.itemsize, dtype.itemsize, op == "avg")
           for dtype, kind in _C_KINDS.items() for op, code in _C_OPS.items()
           if code < 4 or not dtype.is_floating_point}
-
-
 
 
 def _wait(request, what, deadline: Optional[float], status=None, orphans=None, keep=None) -> None:
