@@ -1,14 +1,16 @@
 /* The short path of a small blocking all_reduce, in C, for the calls whose tensor rides in the mismatch
- * check's own message: from the public function to the bytes with no Python frame in between.
+ * check's own message, or that have no check: from the public function to the bytes with no Python frame
+ * in between.
  *
  * Optional: where it imports, group.short_all_reduce is this module's, which runs group.py's Python steps
  * for everything it declines.  It takes the same steps as group.short_all_reduce does for one case -- a
- * cell whose only row is CHECK_RIDES and carries a backend's rider (a Backend.rider capsule, today
- * MPI's, from _mpifast.c) -- and declines (returns None, having changed nothing) in every other case,
+ * cell whose only row carries a backend's rider (a Backend.rider capsule, today MPI's, from _mpifast.c:
+ * the check with the tensor riding for a CHECK_RIDES row, the all_reduce alone for a CHECK_OFF one) --
+ * and declines (returns None, having changed nothing) in every other case,
  * before it takes a tag, so the two paths can never take different numbers of tags.
  *
  * setup(Tensor, Group, world, SUM, profiler_enabled, log_enabled, USER_TAG_LIMIT, TAG_SPAN, DIGEST_MASK,
- *       CHECK_RIDES, declined, failed) hands it group.py's types, the world, constants and two functions, once.
+ *       declined, failed) hands it group.py's types, the world, constants and two functions, once.
  *
  * short_all_reduce(tensor, op, group, algorithm) is what the public all_reduce calls: ride(), and where it
  * declines, declined(tensor, op, group, algorithm) (group.py's Python steps); where the call failed,
@@ -35,7 +37,7 @@ typedef int (*ride_fn)(void *rider, void *data, Py_ssize_t nbytes, long long num
                        double deadline, PyObject **failure);
 
 static PyObject *Tensor, *Group, *world, *sum, *profiler_enabled, *log_enabled, *debug_level, *declined, *failed;
-static long long tag_base, tag_span, digest_mask, check_rides;
+static long long tag_base, tag_span, digest_mask;
 static PyObject *s_default, *s_zerocomm_group, *s_short, *s_dtype, *s_is_contiguous, *s_is_cpu, *s_numel, *s_data_ptr, *s_lock,
     *s_acquire, *s_release, *s_pending, *s_failure, *s_closed, *s_observers, *s_seq, *s_timeout_s;
 
@@ -89,8 +91,7 @@ static Py_hash_t triple_hash(long long tag, long long numel, PyObject *code) {
 
 static PyObject *setup(PyObject *self, PyObject *args) {
     PyObject *t, *g, *w, *s, *p, *l, *d, *f;
-    if (!PyArg_ParseTuple(args, "OOOOOOLLLLOO", &t, &g, &w, &s, &p, &l, &tag_base, &tag_span, &digest_mask,
-                          &check_rides, &d, &f))
+    if (!PyArg_ParseTuple(args, "OOOOOOLLLOO", &t, &g, &w, &s, &p, &l, &tag_base, &tag_span, &digest_mask, &d, &f))
         return NULL;
     if (!PyType_Check(t) || !PyType_Check(g) || tag_span <= 0 || !PyCallable_Check(d) || !PyCallable_Check(f)) {
         PyErr_SetString(PyExc_TypeError, "setup(Tensor, Group, world, SUM, profiler_enabled, log_enabled, ...)");
@@ -206,8 +207,7 @@ static int find(PyObject *tensor, PyObject *op, PyObject *group, PyObject *algor
     int found = 0;
     if (PyTuple_Check(rows) && PyTuple_GET_SIZE(rows) == 1) {  /* "auto"'s rows by size: the Python path */
         PyObject *row = PyTuple_GET_ITEM(rows, 0);
-        if (PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 6 && PyLong_AsLongLong(PyTuple_GET_ITEM(row, 2)) ==
-                check_rides && PyTuple_Check(PyTuple_GET_ITEM(row, 5))) {
+        if (PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 6 && PyTuple_Check(PyTuple_GET_ITEM(row, 5))) {
             PyObject *rider = PyTuple_GET_ITEM(row, 5);
             cell->rider = PyCapsule_GetPointer(PyTuple_GET_ITEM(rider, 0), "zerocomm.rider");
             long long most = PyLong_AsLongLong(PyTuple_GET_ITEM(rider, 1));
@@ -322,7 +322,7 @@ static PyObject *short_all_reduce(PyObject *self, PyObject *const *args, Py_ssiz
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
      "setup(Tensor, Group, world, SUM, profiler_enabled, log_enabled, USER_TAG_LIMIT, TAG_SPAN, DIGEST_MASK, "
-     "CHECK_RIDES, declined, failed)"},
+     "declined, failed)"},
     {"ride", (PyCFunction)(void (*)(void))ride, METH_FASTCALL,
      "ride(tensor, op, group, algorithm) -> None (declined), True (done) or a failure tuple, the lock held"},
     {"short_all_reduce", (PyCFunction)(void (*)(void))short_all_reduce, METH_FASTCALL,

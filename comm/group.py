@@ -502,7 +502,7 @@ def _rode_badly(g: Group, tensor, outcome: int, failure, tag: int, numel: int, r
                 row[1](g.communicator, tensor.view(-1), "sum", tag=tag, deadline=deadline,
                        segment_bytes=g.short_segment_bytes)
                 return True
-            g.communicator.rider_failed(failure)
+            g.communicator.rider_failed(failure, tensor if row[2] == CHECK_OFF else None)
         except TimeoutError as error:
             raise g._timed_out("all_reduce", g._timeout_s, error, start) from None
         except PeerFailure as peer_failure:
@@ -517,5 +517,5 @@ def _rode_badly(g: Group, tensor, outcome: int, failure, tag: int, numel: int, r
 ride_all_reduce = short_all_reduce
 if _shortpath is not None:
     _shortpath.setup(_Tensor, Group, WORLD, _SUM, _profiler_enabled, _logged, USER_TAG_LIMIT, _TAG_SPAN, _DIGEST_MASK,
-                     CHECK_RIDES, short_all_reduce, _rode_badly)
+                     short_all_reduce, _rode_badly)
     ride_all_reduce = _shortpath.short_all_reduce

@@ -29,7 +29,8 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     check, as ``validate.cross_check`` would (``group.CHECK_*``: off; through ``Backend.agree``, a
     native all_reduce's tensor riding in its message; through ``agree`` alone; in an shm call's first
     sync; in a sync of the segment before the call), and ``rider`` is the backend's ``Backend.rider``
-    for a riding row (the C short path runs it), else None.
+    for a riding row, or its ``check=False`` rider for a native row with the check off (the C short path
+    runs either), else None.
     """
     from .validate import fingerprint_cell, _selection_logged, segment_checks  # validate imports this module first
     config = WORLD.config
@@ -54,7 +55,11 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
                 check = CHECK_IN_SYNC
             else:
                 check = CHECK_RIDES if algorithm == "native" else CHECK_AGREE
-        rider = g.communicator.rider(dtype, "sum") if check == CHECK_RIDES else None
+        rider = None
+        if check == CHECK_RIDES:
+            rider = g.communicator.rider(dtype, "sum")
+        elif check == CHECK_OFF and algorithm == "native":  # nothing to check: the native call alone, in C
+            rider = g.communicator.rider(dtype, "sum", check=False)
         if rider is not None:
             WORLD.rides = True
         return (max_numel, function, check, hash(cell), cell, rider)

@@ -173,16 +173,18 @@ class Backend(Transport):
         """
         raise NotImplementedError(f"{self.name} has no mismatch check")
 
-    def rider(self, dtype: torch.dtype, op: str) -> Optional[tuple]:
+    def rider(self, dtype: torch.dtype, op: str, check: bool = True) -> Optional[tuple]:
         """``(capsule, most elements, element size)``: a C function that runs :meth:`agree` with a small
         all_reduce of ``dtype`` and ``op`` riding (up to that many elements), for the short path in C
-        (``comm/_shortpath.c`` states the capsule's contract); or None, the default: the short path then
-        calls :meth:`agree` from Python.  Asked once per cell; the capsule keeps what it points at alive."""
+        (``comm/_shortpath.c`` states the capsule's contract); with ``check=False``, one that runs the native
+        all_reduce alone (a group whose mismatch check is off); or None, the default: the short path then
+        runs in Python.  Asked once per cell; the capsule keeps what it points at alive."""
         return None
 
-    def rider_failed(self, failure) -> NoReturn:
+    def rider_failed(self, failure, tensor: Optional[torch.Tensor] = None) -> NoReturn:
         """Raise what a rider's ``failure`` (the backend's own description) means: ``TimeoutError`` or
-        :class:`PeerFailure`, as :meth:`agree` would have raised it."""
+        :class:`PeerFailure`, as :meth:`agree` (or, for a ``check=False`` rider, which gets the call's
+        ``tensor``, the native all_reduce) would have raised it."""
         raise NotImplementedError(f"{self.name} has no rider")
 
     @classmethod

@@ -39,6 +39,8 @@
  * rider(comm, stage, owner, kind, op) wraps the same check for comm/_shortpath.c, which runs a small
  * blocking all_reduce from the public function to here without Python in between: a capsule named
  * "zerocomm.rider" whose first member is the function to call (see _shortpath.c for the contract).
+ * plain_rider(comm, datatype, op) is the same capsule for a group whose mismatch check is off: its
+ * function runs allreduce on the tensor itself (any size; it never answers "disagreed").
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -414,6 +416,16 @@ static int ride(void *rider_, void *data, Py_ssize_t nbytes, long long numel, lo
                  deadline, failure);
 }
 
+/* A plain rider (no check): `kind` and `op` hold the tensor's MPI datatype and op handles, `stage` is NULL. */
+static int ride_plain(void *rider_, void *data, Py_ssize_t nbytes, long long numel, long long digest,
+                      double deadline, PyObject **failure) {
+    (void)nbytes, (void)digest;
+    rider_t *rider = (rider_t *)rider_;
+    if (numel == 0)
+        return 0;
+    return run(data, (int)numel, rider->kind, rider->op, rider->comm, deadline, failure) ? 0 : 2;
+}
+
 static void drop_rider(PyObject *capsule) {
     rider_t *rider = (rider_t *)PyCapsule_GetPointer(capsule, "zerocomm.rider");
     if (rider != NULL) {
@@ -453,6 +465,25 @@ static PyObject *make_rider(PyObject *self, PyObject *args) {
     return capsule;
 }
 
+static PyObject *make_plain_rider(PyObject *self, PyObject *args) {
+    unsigned long long comm, datatype, op;
+    if (!PyArg_ParseTuple(args, "KKK", &comm, &datatype, &op))
+        return NULL;
+    if (!bound())
+        return NULL;
+    rider_t *rider = PyMem_Malloc(sizeof(rider_t));
+    if (rider == NULL)
+        return PyErr_NoMemory();
+    *rider = (rider_t){ride_plain, (int)(unsigned int)comm, (int)(unsigned int)datatype, (int)(unsigned int)op, NULL,
+                       Py_NewRef(Py_None)};  /* see handle() */
+    PyObject *capsule = PyCapsule_New(rider, "zerocomm.rider", drop_rider);
+    if (capsule == NULL) {
+        Py_DECREF(Py_None);
+        PyMem_Free(rider);
+    }
+    return capsule;
+}
+
 static PyObject *checks(PyObject *self, PyObject *unused) { return PyLong_FromUnsignedLongLong(checks_run); }
 
 static PyMethodDef methods[] = {
@@ -465,6 +496,8 @@ static PyMethodDef methods[] = {
      "exchange(comm, send, recv, nbytes, peer, tag, deadline) -> 0 or (kind, (send, recv)[, detail]); see the module"},
     {"checked", (PyCFunction)(void (*)(void))checked, METH_FASTCALL,
      "checked(comm, stage, data, nbytes, kind, op, count, digest, deadline) -> 0 agreed, 1 not, or a failure"},
+    {"plain_rider", make_plain_rider, METH_VARARGS,
+     "plain_rider(comm, datatype, op) -> a capsule for the C short path: allreduce of the tensor, no check"},
     {"rider", make_rider, METH_VARARGS,
      "rider(comm, stage, owner, kind, op) -> a capsule for the C short path: checked() with a tensor riding"},
     {NULL, NULL, 0, NULL},

@@ -429,16 +429,20 @@ class MpiBackend(Backend):
         self._run_all_reduce(self._agreement_spec, deadline, "every rank to reach the mismatch check", both)
         return AGREE if both[0] == -both[1] else DISAGREE
 
-    def rider(self, dtype, op) -> Optional[tuple]:
-        # _mpifast's check with a tensor riding, for the short path in C; where agree would divide
-        # afterwards (AVG), the Python path runs instead.
+    def rider(self, dtype, op, check: bool = True) -> Optional[tuple]:
+        # _mpifast's check with a tensor riding, or (check off) its MPI_Iallreduce of the tensor, for the short
+        # path in C; where agree would divide afterwards (AVG), the Python path runs instead.
         ride = _RIDES.get((dtype, op))
         if self._fast is None or ride is None or ride[4]:
             return None
+        if not check:
+            return _mpifast.plain_rider(self._handle, self._types[dtype].handle, self._ops[op].handle), _INT_MAX, ride[3]
         return (_mpifast.rider(self._handle, self._agreement_address, self._agreement, ride[0], ride[1]), ride[2],
                 ride[3])
 
-    def rider_failed(self, failure) -> NoReturn:
+    def rider_failed(self, failure, tensor: Optional[torch.Tensor] = None) -> NoReturn:
+        if tensor is not None:  # a plain rider's MPI_Iallreduce: MPI may still write into the tensor
+            self._fast_failed(failure, "MPI Iallreduce", tensor)
         self._fast_failed(failure, "every rank to reach the mismatch check", self._agreement)
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------

@@ -4,6 +4,7 @@ same ``CollectiveMismatchError`` and the same timeout; the C way is skipped, wit
 extension was not built.  The short path (a blocking SUM all_reduce of a cell seen before) runs the
 mismatch check too: a counter on ``Backend.agree`` shows that it did.
 """
+import collections
 import contextlib
 import datetime
 import sys
@@ -48,7 +49,7 @@ def _way(way: str, group=None):
     if way == "mpi4py":
         backend._fast = None
     if way == "c check":
-        backend.rider = lambda dtype, op: None
+        backend.rider = lambda dtype, op, check=True: None
     g.short.clear()
     try:
         yield None
@@ -431,4 +432,124 @@ def test_a_late_peer_times_out_in_an_exchange_both_ways(world):
             assert seen["kept"] and seen["late bytes"] == [2.0] * 4, (way, seen)
         else:
             assert seen["got"] == [1.0] * 4, (way, seen)
+    _skip_where_not_built(outs[0])
+
+
+#: The ways a native SUM all_reduce runs with the mismatch check off: the short path in C with the backend's
+#: plain rider ("c"), the short path's Python steps ("c check": no rider), or everything through mpi4py.
+UNCHECKED_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.int8, torch.uint8, torch.float16,
+                    torch.bfloat16)
+#: Those the plain rider does not take (MPI sums them through MPIX_C_FLOAT16 or a zerocomm user op).
+NO_PLAIN_RIDER = ("torch.float16", "torch.bfloat16")
+
+
+@contextlib.contextmanager
+def _check_off():
+    dist.configure(check=False)
+    try:
+        yield
+    finally:
+        dist.configure(check=True)
+
+
+def unchecked_results_each_way() -> dict:
+    """Native SUM all_reduce of every dtype at 0, 1, 7, 1000 and 100000 elements, twice, with the check off,
+    each way: the results, and per dtype how many calls ran the backend's Python all_reduce (the C short
+    path runs none after a cell's first call; float16 and bfloat16 have no plain rider)."""
+    from zerocomm.comm.backends.mpi import MpiBackend
+    n, rank = dist.get_world_size(), dist.get_rank()
+    out = {}
+    for way in WAYS:
+        with _way(way) as unavailable, _check_off():
+            if unavailable:
+                out[way] = unavailable
+                continue
+            in_python, native = collections.Counter(), MpiBackend.NATIVE["all_reduce"]
+
+            def counted(backend, tensor, *args, **kwargs):
+                in_python[str(tensor.dtype)] += 1
+                return native(backend, tensor, *args, **kwargs)
+
+            MpiBackend.NATIVE["all_reduce"] = counted  # short-path rows take it when they are made
+            _group().short.clear()
+            wrong = []
+            try:
+                for dtype in UNCHECKED_DTYPES:
+                    for numel in (0, 1, 7, 1000, 100_000):
+                        for _ in range(2):
+                            tensor = _input(rank, numel, dtype, "sum")
+                            dist.all_reduce(tensor, algorithm="native")
+                            if not torch.equal(tensor.double(), _expected(n, numel, dtype, "sum").double()):
+                                wrong.append((str(dtype), numel, tensor[:4].tolist()))
+            finally:
+                MpiBackend.NATIVE["all_reduce"] = native
+                _group().short.clear()
+            out[way] = {"wrong": wrong, "in python": dict(in_python)}
+    return out
+
+
+@pytest.mark.parametrize("world", worlds(("mpi",), (1, 2, 3)), indirect=True)
+def test_with_the_check_off_a_native_all_reduce_runs_in_c_with_the_same_results(world):
+    outs = world.run(unchecked_results_each_way, timeout=120)
+    for rank, way, seen in _each_way(outs, WAYS):
+        assert seen["wrong"] == [], (rank, way, seen["wrong"][:3])
+        for dtype in map(str, UNCHECKED_DTYPES):
+            calls = seen["in python"].get(dtype, 0)
+            if way == "c" and dtype not in NO_PLAIN_RIDER:
+                assert calls <= 1, (rank, way, dtype, seen)  # the cell's first call, on the full path
+            else:
+                assert calls >= 8, (rank, way, dtype, seen)  # every non-empty call
+    _skip_where_not_built(outs[0])
+
+
+def late_peer_with_the_check_off() -> dict:
+    """Rank 0 times out in a 1 s group's native all_reduce, check off, on the short path (the cell admitted on
+    time) while rank 1 is late, each way: a typed error in time, the tensor kept with the request MPI may still
+    write through, the group unusable after, the world fine."""
+    rank = dist.get_rank()
+    out = {}
+    for way in WAYS:
+        group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))
+        with _way(way, group) as unavailable, _check_off():
+            if unavailable:
+                out[way] = unavailable
+            else:
+                seen, backend = {}, _backend(group)
+                for _ in range(2):
+                    dist.all_reduce(torch.ones(2), group=group, algorithm="native")
+                if rank == 1:
+                    time.sleep(2.0)
+                tensor, start = torch.ones(2), time.monotonic()
+                try:
+                    dist.all_reduce(tensor, group=group, algorithm="native")
+                    seen["first"] = "done"
+                except dist.CommError as error:
+                    seen["first"] = (type(error).__name__, "Iallreduce" in str(error), time.monotonic() - start)
+                if rank == 0:
+                    seen["kept"] = any(keep is tensor for _, keep, _ in backend._orphans)
+                    try:
+                        dist.all_reduce(torch.ones(2), group=group)
+                        seen["again"] = "done"
+                    except dist.CommError as error:
+                        seen["again"] = type(error).__name__
+                out[way] = seen
+        dist.destroy_process_group(group)
+    check = torch.ones(2)
+    dist.all_reduce(check)
+    out["world"] = check.tolist()
+    return out
+
+
+@pytest.mark.parametrize("world", worlds(("mpi",), (2,)), indirect=True)
+def test_a_late_peer_times_out_with_the_check_off_each_way(world):
+    outs = world.run(late_peer_with_the_check_off, timeout=90)
+    assert all(out["world"] == [2.0, 2.0] for out in outs), outs
+    for rank, way, seen in _each_way(outs, WAYS):
+        if rank == 0:
+            assert seen["first"] != "done", (way, seen)
+            name, names_call, took = seen["first"]
+            assert name == "CommTimeoutError" and names_call and took < 3.0, (way, seen)
+            assert seen["kept"] and seen["again"] == "CommTimeoutError", (way, seen)
+        else:  # its call meets rank 0's posted one
+            assert seen["first"] == "done", (way, seen)
     _skip_where_not_built(outs[0])
