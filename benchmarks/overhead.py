@@ -106,15 +106,16 @@ def _summary(times: dict) -> dict:
 
 def _unchecked(dist, peer: str, call, tensor, iters: int, barrier) -> dict:
     """Per-call µs of the peer's ``call`` and of zerocomm's ``UNCHECKED`` algorithms with the mismatch check
-    off (every rank switches it off and back on at the same point)."""
+    off (every rank switches it off, and back to what it was, at the same point)."""
     variants = {peer: call}
     for algorithm in UNCHECKED:
         variants[f"zerocomm {algorithm}"] = (lambda a=algorithm: dist.all_reduce(tensor, algorithm=a))
+    checking = dist.configure().check
     dist.configure(check=False)
     try:
         return _summary(_rounds(variants, iters, barrier))
     finally:
-        dist.configure(check=True)
+        dist.configure(check=checking)
 
 
 def mpi_worker(iters: int) -> dict:
