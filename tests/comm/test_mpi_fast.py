@@ -450,11 +450,12 @@ NO_PLAIN_RIDER = ("torch.float16", "torch.bfloat16")
 
 @contextlib.contextmanager
 def _check_off():
+    checking = dist.configure().check
     dist.configure(check=False)
     try:
         yield
     finally:
-        dist.configure(check=True)
+        dist.configure(check=checking)
 
 
 def unchecked_results_each_way() -> dict:
