@@ -339,6 +339,11 @@ def main(argv=None) -> int:
     parser.add_argument("--interleave", type=int, default=0, metavar="K",
                         help="step times only: every variant in the same ranks, K steps each in turn, --repeat "
                         "rotations; × DDP is the median of per-rotation ratios (see zero_interleaved.py)")
+    parser.add_argument("--pin-mmap-threshold", action="store_true",
+                        help="--interleave: time the steps under the default mode's allocator setting (glibc hands "
+                        "every freed block over 64 KiB back to the kernel at once, so each new one page-faults), to "
+                        "compare with the default mode's step times; without it the ranks keep glibc's defaults, as "
+                        "a training process does")
     parser.add_argument("--trace", metavar="DIR", help="after the measured steps, profile two more steps of every "
                         "zerocomm variant and write rank 0's Chrome trace into DIR")
     args = parser.parse_args(argv)
@@ -352,6 +357,8 @@ def main(argv=None) -> int:
         if args.plot or args.trace:
             parser.error("--interleave measures step times only: --plot and --trace need the default mode")
         return _main_interleaved(args, shape)
+    if args.pin_mmap_threshold:
+        parser.error("--pin-mmap-threshold is for --interleave: the default mode always pins it (for the peak column)")
     rows = []
     for world in args.world_sizes:
         chosen = _chosen(args)

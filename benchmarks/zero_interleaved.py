@@ -14,6 +14,15 @@ Per block: the median over its steps of the slowest rank's step time.  A variant
 median over rotations of its blocks; ``× DDP`` is the median over rotations of (block / torch DDP's block
 of the same rotation), with the smallest and largest of those ratios beside it.  Memory is not measured
 here (every variant lives in the same process): use the default mode for the memory columns.
+
+[Note: the allocator]  The default mode fixes glibc's mmap threshold at 64 KiB so that its peak resident
+set follows live memory: every freed block over 64 KiB goes back to the kernel, and the next one costs
+page faults and the kernel's zeroing.  That is a cost of measuring memory, not of training, and it is not
+small: on the 2-core test machine torch DDP's step took 450 ms with the pinned threshold and 270 ms
+without (2026-11-27), and every variant pays it in proportion to what it allocates per step.  This mode
+measures time only, so its ranks keep glibc's defaults, as a training process does (the dynamic threshold
+keeps a freed buffer for the next one of its size); ``--pin-mmap-threshold`` times them the default
+mode's way instead.
 """
 from __future__ import annotations
 
@@ -43,7 +52,8 @@ def _build(name: str, algorithm, args, world: int, nvme_dir: str):
 
 def _rank(rank: int, world: int, store_dir: str, chosen: list, args, conn) -> None:
     try:
-        _return_freed_memory()
+        if args.pin_mmap_threshold:
+            _return_freed_memory()  # see [Note: the allocator]
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         import torch.distributed as td
 
@@ -124,5 +134,7 @@ HEADERS = ["N", "variant", "algorithm", "step ms", "× DDP", "smallest × DDP", 
 
 def describe(args) -> str:
     return (f"interleaved: every variant in the same ranks, {args.repeat} rotations of {args.interleave} steps each "
-            f"(after {args.warmup} warm-up steps per variant); memory not measured in this mode")
+            f"(after {args.warmup} warm-up steps per variant); memory not measured in this mode; glibc's "
+            + ("mmap threshold pinned at 64 KiB, as in the default mode" if args.pin_mmap_threshold
+               else "allocator left at its defaults"))
 

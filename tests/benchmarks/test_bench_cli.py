@@ -244,7 +244,8 @@ def test_zero_interleaved_measures_every_variant_in_the_same_ranks(tmp_path, cap
     out = tmp_path / "rows.json"
     assert zero_cli.main(["--small", "--interleave", "2", "--repeat", "3", "--world-sizes", "2", "--only",
                           "torch DDP", "stage 2 native", "stage 2 offload nvme", "--json", str(out)]) == 0
-    assert "3 rotations of 2 steps" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "3 rotations of 2 steps" in printed and "allocator left at its defaults" in printed
     ddp, *zero = json.loads(out.read_text())
     assert [(row["variant"], row["algorithm"]) for row in [ddp, *zero]] == [
         ("torch DDP", "-"), ("zerocomm stage 2", "native"), ("zerocomm stage 2 offload nvme", "native")]
@@ -259,6 +260,7 @@ def test_zero_interleaved_measures_every_variant_in_the_same_ranks(tmp_path, cap
     (["--interleave", "2", "--trace", "traces"], "--plot and --trace need the default mode"),
     (["--interleave", "-1"], "must be at least 1"),
     (["--interleave", "2", "--repeat", "0"], "must be at least 1"),
+    (["--pin-mmap-threshold"], "--pin-mmap-threshold is for --interleave"),
 ])
 def test_zero_interleaved_refuses_what_it_cannot_measure_before_any_rank_starts(no_ranks, capsys, argv, words):
     with pytest.raises(SystemExit) as stopped:
