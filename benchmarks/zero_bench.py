@@ -29,10 +29,10 @@ textbook value for the torch variants (DDP 2Φ(N−1)/N, ZeroRedundancyOptimizer
 the backend (the choice ZeRO makes by itself when every rank is on one host and ``algorithm`` is left open).
 
 ``--interleave K`` measures step times only, every variant in the same ranks, K steps each in turn
-(zero_interleaved.py): ratios of steps run seconds apart, for machines whose speed drifts, and under
-glibc's default allocator.  The pinned mmap threshold that the peak column needs makes every large
-allocation here page-fault, which slows every variant's step (torch DDP's from 270 to 450 ms on the
-2-core test machine): compare step times from ``--interleave``.
+(zero_interleaved.py): ratios of steps run seconds apart, for machines whose speed drifts, and timed
+under glibc's default allocator instead of the pinned mmap threshold the peak column needs here, which
+makes every large allocation page-fault (zero_interleaved.py, [Note: the allocator]).  Compare step
+times from ``--interleave``.
 """
 from __future__ import annotations
 
