@@ -22,9 +22,9 @@
  * failure tuple).  The caller raises the typed error and releases the lock.
  *
  * A rider is a capsule named "zerocomm.rider" whose pointer's first member is
- *   int ride(void *rider, void *data, Py_ssize_t nbytes, long long numel, long long digest,
+ *   int ride(void *rider, void *data, Py_ssize_t nbytes, long long numel, long long digest, long long tag,
  *            double deadline, PyObject **failure)
- * returning 0 (agreed, data reduced in place), 1 (disagreed, data untouched) or 2 (failed: *failure
+ * (tag: the call's, for a rider whose messages carry it) returning 0 (agreed, data reduced in place), 1 (disagreed, data untouched) or 2 (failed: *failure
  * set, or NULL with a Python error).  A row is (most elements, function, check, hash of the cell, cell,
  * rider) and a rider entry (capsule, most elements that ride, element size).
  */
@@ -34,7 +34,7 @@
 #include <time.h>
 
 typedef int (*ride_fn)(void *rider, void *data, Py_ssize_t nbytes, long long numel, long long digest,
-                       double deadline, PyObject **failure);
+                       long long tag, double deadline, PyObject **failure);
 
 static PyObject *Tensor, *Group, *world, *sum, *profiler_enabled, *log_enabled, *debug_level, *declined, *failed;
 static long long tag_base, tag_span, digest_mask;
@@ -281,7 +281,7 @@ static PyObject *ride(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *failure = NULL;
     if (!PyErr_Occurred())
         outcome = ((ride_fn *)cell.rider)[0](cell.rider, data, (Py_ssize_t)(cell.numel * cell.item_size), cell.numel,
-                                             (long long)hash & digest_mask, deadline, &failure);
+                                             (long long)hash & digest_mask, tag, deadline, &failure);
     if (outcome == 0) {
         PyObject *released = PyObject_CallMethodNoArgs(cell.lock, s_release);
         result = released ? Py_NewRef(Py_True) : NULL;

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional
 import torch
 
 from . import select, shm
+from .algorithms import ALGORITHM_NAMES
 from .config import CommConfig
 from .reduce_op import ReduceOp
 from .errors import CollectiveMismatchError, CommError, CommTimeoutError, NotInitializedError, PeerError
@@ -463,7 +464,8 @@ def short_all_reduce(tensor, op, group, algorithm) -> bool:
         try:
             if check == CHECK_RIDES or check == CHECK_AGREE:
                 agreed = communicator.agree(hash((tag, numel, code)) & _DIGEST_MASK,  # = digest(), inlined
-                                            deadline, tensor if check == CHECK_RIDES else None, "sum")
+                                            deadline, tensor if check == CHECK_RIDES else None, "sum", tag=tag,
+                                            algorithm=ALGORITHM_NAMES[cell[4]])
                 if agreed == AGREE_AND_REDUCED:
                     return True
                 if not agreed:

@@ -26,8 +26,9 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
     fingerprints), no selection logging, a cell some algorithm serves.  The rows are "auto"'s table in
     elements of ``dtype`` (one unbounded row for an explicit algorithm): ``(most elements, function,
     check, hash of the cell, cell, rider)``, where ``check`` says how ``short_all_reduce`` runs the mismatch
-    check, as ``validate.cross_check`` would (``group.CHECK_*``: off; through ``Backend.agree``, a
-    native all_reduce's tensor riding in its message; through ``agree`` alone; in an shm call's first
+    check, as ``validate.cross_check`` would (``group.CHECK_*``: off; through ``Backend.agree``, the
+    tensor of a native all_reduce or of an algorithm in ``Backend.ALGORITHMS_IN_CHECK`` riding in its
+    messages; through ``agree`` alone; in an shm call's first
     sync; in a sync of the segment before the call), and ``rider`` is the backend's ``Backend.rider``
     for a riding row, or its ``check=False`` rider for a native row with the check off (the C short path
     runs either), else None.
@@ -54,10 +55,11 @@ def remember(g: Group, requested: Optional[str], dtype: torch.dtype) -> None:
             elif segment_checks(backend):
                 check = CHECK_IN_SYNC
             else:
-                check = CHECK_RIDES if algorithm == "native" else CHECK_AGREE
+                rides = algorithm == "native" or algorithm in backend.ALGORITHMS_IN_CHECK
+                check = CHECK_RIDES if rides else CHECK_AGREE
         rider = None
         if check == CHECK_RIDES:
-            rider = g.communicator.rider(dtype, "sum")
+            rider = g.communicator.rider(dtype, "sum", algorithm=algorithm)
         elif check == CHECK_OFF and algorithm == "native":  # nothing to check: the native call alone, in C
             rider = g.communicator.rider(dtype, "sum", check=False)
         if rider is not None:

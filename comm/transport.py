@@ -155,8 +155,12 @@ class Backend(Transport):
     #: backend's own costs far more than that (gloo's: hundreds of µs through its threads and sockets).
     CHECK_IN_SHARED_MEMORY: ClassVar[bool] = False
 
+    #: Algorithms (besides "native") whose small all_reduce :meth:`agree` may run inside the check's own
+    #: messages, so that the caller passes their tensor too (MPI: recursive doubling, which carries the check).
+    ALGORITHMS_IN_CHECK: ClassVar[frozenset] = frozenset()
+
     def agree(self, digest: int, deadline: Optional[float], tensor: Optional[torch.Tensor] = None,
-              op: Optional[str] = None) -> int:
+              op: Optional[str] = None, *, tag: int = 0, algorithm: str = "native") -> int:
         """Whether every rank of the communicator passed the same ``digest`` (an int in ``[0, 2**62)``):
         ``DISAGREE`` (0), ``AGREE``, or ``AGREE_AND_REDUCED``.
 
@@ -164,21 +168,22 @@ class Backend(Transport):
         collectives' order, before the collective it checks moves a byte.  It must cost about one small
         native all_reduce and allocate nothing per call (a backend keeps its own buffer; a check that timed
         out leaves that buffer to the request still posted, and the group is unusable after).  ``tensor``
-        and ``op`` are given when the checked call is a native all_reduce: a backend may reduce a small
-        ``tensor`` in the check's own message and answer ``AGREE_AND_REDUCED`` (the caller then skips the
-        all_reduce).  Whether it does must depend only on what the digest covers (dtype, op, element
-        count), so that ranks making the same call do the same thing on the wire; when the ranks
-        disagree, ``tensor`` is left unchanged.  Raises ``TimeoutError`` or :class:`PeerFailure` like a
-        native collective.
+        and ``op`` are given when the checked call is an all_reduce by ``algorithm`` ("native" or one of
+        :attr:`ALGORITHMS_IN_CHECK`), ``tag`` is the call's: a backend may reduce a small ``tensor`` in the
+        check's own messages, by that algorithm, and answer ``AGREE_AND_REDUCED`` (the caller then skips the
+        all_reduce).  Whether it does must depend only on what the digest covers (algorithm, dtype, op,
+        element count), so that ranks making the same call do the same thing on the wire, and ranks whose
+        checks travel differently must still all see the disagreement; when the ranks disagree, ``tensor``
+        is left unchanged.  Raises ``TimeoutError`` or :class:`PeerFailure` like a native collective.
         """
         raise NotImplementedError(f"{self.name} has no mismatch check")
 
-    def rider(self, dtype: torch.dtype, op: str, check: bool = True) -> Optional[tuple]:
-        """``(capsule, most elements, element size)``: a C function that runs :meth:`agree` with a small
-        all_reduce of ``dtype`` and ``op`` riding (up to that many elements), for the short path in C
-        (``comm/_shortpath.c`` states the capsule's contract); with ``check=False``, one that runs the native
-        all_reduce alone (a group whose mismatch check is off); or None, the default: the short path then
-        runs in Python.  Asked once per cell; the capsule keeps what it points at alive."""
+    def rider(self, dtype: torch.dtype, op: str, check: bool = True, algorithm: str = "native") -> Optional[tuple]:
+        """``(capsule, most elements, element size)``: a C function that runs :meth:`agree` for ``algorithm``
+        with a small all_reduce of ``dtype`` and ``op`` riding (up to that many elements), for the short path
+        in C (``comm/_shortpath.c`` states the capsule's contract); with ``check=False``, one that runs the
+        native all_reduce alone (a group whose mismatch check is off); or None, the default: the short path
+        then runs in Python.  Asked once per cell; the capsule keeps what it points at alive."""
         return None
 
     def rider_failed(self, failure, tensor: Optional[torch.Tensor] = None) -> NoReturn:

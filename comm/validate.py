@@ -514,14 +514,16 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
     made once; the ranks agree exactly when the largest digest is the smallest.  When they do not, every
     rank sees it, and all of them all-gather the whole fingerprints to name the first two ranks that
     differ (:func:`name_mismatch`).  ``full`` (debug mode) always all-gathers them.  A native all_reduce's
-    tensor goes with the check, which may reduce it too: True then (the caller skips the call's function).
+    tensor goes with the check, which may reduce it too: True then (the caller skips the call's function); so
+    does the tensor of an algorithm the backend runs inside its check (``Backend.ALGORITHMS_IN_CHECK``).
     """
     group = call.group
     if group.communicator.size == 1:
         return False
     cell = fingerprint_cell(call.collective, call.op, call.dtype, call.root, call.algorithm)
     if not full:
-        rides = call.collective == "all_reduce" and call.algorithm == "native" and call.options is None
+        rides = (call.collective == "all_reduce" and call.options is None and
+                 (call.algorithm == "native" or call.algorithm in group.communicator.ALGORITHMS_IN_CHECK))
         try:
             code = digest(tag, call.numel, hash(cell))
             if call.algorithm == "shm" and getattr(group.communicator, "_zerocomm_one_host", False):  # topology
@@ -541,7 +543,8 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
                 shm.settle(group.communicator, deadline)
                 return False
             else:
-                agreed = group.communicator.agree(code, deadline, call.args[0] if rides else None, call.op)
+                agreed = group.communicator.agree(code, deadline, call.args[0] if rides else None, call.op, tag=tag,
+                                                  algorithm=call.algorithm)
             if agreed:
                 return agreed == AGREE_AND_REDUCED
         except TimeoutError as error:

@@ -208,7 +208,8 @@ class GlooBackend(Backend):
     def native_traffic_as(cls, collective: str) -> str:
         return "all_reduce" if collective == "reduce_scatter" else collective  # see NATIVE_TABLE
 
-    def agree(self, digest: int, deadline: Optional[float], tensor=None, op=None) -> int:
+    def agree(self, digest: int, deadline: Optional[float], tensor=None, op=None, *, tag: int = 0,
+              algorithm: str = "native") -> int:
         # [Note: gloo's check]  One SUM all_reduce of a stage of _STAGE float64s, the same size for every
         # check (gloo aborts a rank when sizes differ): a header of three 16-bit pieces d of the digest, each
         # as (d, d*d), then up to _PAYLOAD elements of a small SUM/AVG all_reduce's floats.  Sums of integers
@@ -219,7 +220,7 @@ class GlooBackend(Backend):
         words, n = self._stage_words, self.size
         pieces = (digest & 0xFFFF, (digest >> 16) & 0xFFFF, (digest >> 32) & 0xFFFF)
         words[:_HEADER] = (pieces[0], pieces[0] ** 2, pieces[1], pieces[1] ** 2, pieces[2], pieces[2] ** 2)
-        numel = tensor.numel() if tensor is not None else 0
+        numel = tensor.numel() if tensor is not None and algorithm == "native" else 0
         rides = 0 < numel <= _PAYLOAD and op in ("sum", "avg") and tensor.dtype in _RIDES and n < _EXACT_RANKS
         if rides:
             self._stage[_HEADER:_HEADER + numel].copy_(tensor)

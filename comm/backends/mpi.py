@@ -223,6 +223,7 @@ class MpiBackend(Backend):
     name = "mpi"
     device_type = "cpu"
     ANY_SOURCE = True
+    ALGORITHMS_IN_CHECK = frozenset(("recursive_doubling", "tree"))  # tree: two ranks only (see ``_schedules``)
 
     def __init__(self, comm):
         MPI = _mpi()
@@ -255,8 +256,12 @@ class MpiBackend(Backend):
         self._exchange = _mpifast.exchange if self._fast is not None else None
         self._handle, self._p2p_handle = comm.handle, self.p2p.handle
         #: The mismatch check's buffer (see ``agree``), made once: [digest, -digest] through mpi4py, or
-        #: ``_mpifast``'s 256-byte stage (a header and a small tensor's bytes).
-        self._agreement = array.array("q", bytes(256))
+        #: ``_mpifast``'s 256-byte stages (a header and a small tensor's bytes): one for MPI's all_reduce,
+        #: three for recursive doubling's messages.
+        self._agreement = array.array("q", bytes(3 * 256))
+        #: The algorithms whose small all_reduce rides in the check (``agree``), and how: 0 in MPI's all_reduce
+        #: of the stages, 1 in recursive doubling's messages (a two-rank tree is that same one exchange).
+        self._schedules = {"native": 0, "recursive_doubling": 1, **({"tree": 1} if self.size == 2 else {})}
         self._agreement_address = self._agreement.buffer_info()[0]
         self._agreement_spec = self._all_reduce_spec(torch.frombuffer(self._agreement, dtype=torch.int64, count=2),
                                                      "max", None)
@@ -402,23 +407,27 @@ class MpiBackend(Backend):
         return dict(NATIVE_TABLE)
 
     # -- the mismatch check -------------------------------------------------------------
-    def agree(self, digest: int, deadline: Optional[float], tensor=None, op=None) -> int:
-        # With _mpifast: one all_reduce of its stage, which carries a small native all_reduce's tensor too
-        # (see the C file: every check has the same MPI type signature, whatever each rank called).  Without:
-        # one MAX all_reduce of [digest, -digest]; the ranks agree when the largest digest is the smallest.
-        # Timed out, the request keeps the buffer (the group is unusable after).
+    def agree(self, digest: int, deadline: Optional[float], tensor=None, op=None, *, tag: int = 0,
+              algorithm: str = "native") -> int:
+        # With _mpifast: one stage per rank, carried by MPI's all_reduce, or by recursive doubling's own
+        # messages for that algorithm (see _mpicheck.c), with a small tensor riding either way (every check
+        # through MPI has the same type signature, whatever each rank called).  Without: one MAX all_reduce
+        # of [digest, -digest]; the ranks agree when the largest digest is the smallest.  Timed out, the
+        # request keeps the buffer (the group is unusable after).
         both = self._agreement
         if self._fast is not None:
-            ride = None if tensor is None else _RIDES.get((tensor.dtype, op))  # (kind, op, most elements, ...)
+            schedule = self._schedules.get(algorithm)
+            ride = None if tensor is None or schedule is None else _RIDES.get((tensor.dtype, op))
             if ride is not None and (numel := tensor.numel()) <= ride[2]:
                 outcome = self._checked(self._handle, self._agreement_address, tensor.data_ptr(), numel * ride[3],
-                                        ride[0], ride[1], numel, digest, deadline)
+                                        ride[0], ride[1], numel, digest, tag, schedule, self.rank, self.size, deadline)
                 if outcome == 0:
                     if ride[4]:
                         finalize_(tensor, "avg", self.size)
                     return AGREE_AND_REDUCED
             else:
-                outcome = self._checked(self._handle, self._agreement_address, *_NO_PAYLOAD, digest, deadline)
+                outcome = self._checked(self._handle, self._agreement_address, *_NO_PAYLOAD, digest, tag, 0, self.rank,
+                                        self.size, deadline)
                 if outcome == 0:
                     return AGREE
             if outcome == 1:
@@ -429,16 +438,17 @@ class MpiBackend(Backend):
         self._run_all_reduce(self._agreement_spec, deadline, "every rank to reach the mismatch check", both)
         return AGREE if both[0] == -both[1] else DISAGREE
 
-    def rider(self, dtype, op, check: bool = True) -> Optional[tuple]:
+    def rider(self, dtype, op, check: bool = True, algorithm: str = "native") -> Optional[tuple]:
         # _mpifast's check with a tensor riding, or (check off) its MPI_Iallreduce of the tensor, for the short
         # path in C; where agree would divide afterwards (AVG), the Python path runs instead.
         ride = _RIDES.get((dtype, op))
-        if self._fast is None or ride is None or ride[4]:
+        schedule = self._schedules.get(algorithm) if check else (0 if algorithm == "native" else None)
+        if self._fast is None or ride is None or ride[4] or schedule is None:
             return None
         if not check:
             return _mpifast.plain_rider(self._handle, self._types[dtype].handle, self._ops[op].handle), _INT_MAX, ride[3]
-        return (_mpifast.rider(self._handle, self._agreement_address, self._agreement, ride[0], ride[1]), ride[2],
-                ride[3])
+        return (_mpifast.rider(self._handle, self._agreement_address, self._agreement, ride[0], ride[1], schedule,
+                               self.rank, self.size), ride[2], ride[3])
 
     def rider_failed(self, failure, tensor: Optional[torch.Tensor] = None) -> NoReturn:
         if tensor is not None:  # a plain rider's MPI_Iallreduce: MPI may still write into the tensor

@@ -140,7 +140,7 @@ class NcclBackend(Backend):
     def _movable(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
 
-    def agree(self, digest: int, deadline, tensor=None, op=None) -> int:
+    def agree(self, digest: int, deadline, tensor=None, op=None, *, tag: int = 0, algorithm: str = "native") -> int:
         # [digest, -digest] reduced with MAX on this rank's GPU: equal ranks when the largest is the smallest.
         both = self._agreement
         both[0], both[1] = digest, -digest

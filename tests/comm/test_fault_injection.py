@@ -153,8 +153,8 @@ def test_gloo_stalled_rank_times_out_then_the_group_fails_at_once():
 
 # "shm" calls are checked inside their first sync through the segment, "empty" (one rank's tensor has no
 # element: its schedule never syncs) in the sync that ends the call instead.
-MISMATCHES = [(kind, algorithm) for kind in ("op", "dtype", "shape", "empty", "root", "order") for algorithm in
-              ("native", "ring", "shm")]
+MISMATCHES = [(kind, algorithm) for kind in ("op", "dtype", "shape", "empty", "root", "order", "algorithm")
+              for algorithm in ("native", "ring", "shm")]
 
 
 def _mismatched(rank, n, kind, algorithm):
