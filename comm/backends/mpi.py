@@ -432,7 +432,10 @@ class MpiBackend(Backend):
                     return AGREE
             if outcome == 1:
                 return DISAGREE
-            self._fast_failed(outcome, "every rank to reach the mismatch check", both)
+            # A receive of recursive doubling's check stays posted after close: cancelled, the late peer's
+            # stage would wait unreceived, and MPICH may give its communicator's context to a new group, whose
+            # call with the same tag would take it.  Posted, it holds the context until the stage lands.
+            self._fast_failed(outcome, "every rank to reach the mismatch check", both, cancel=False)
         both[0] = digest
         both[1] = -digest
         self._run_all_reduce(self._agreement_spec, deadline, "every rank to reach the mismatch check", both)
@@ -453,7 +456,7 @@ class MpiBackend(Backend):
     def rider_failed(self, failure, tensor: Optional[torch.Tensor] = None) -> NoReturn:
         if tensor is not None:  # a plain rider's MPI_Iallreduce: MPI may still write into the tensor
             self._fast_failed(failure, "MPI Iallreduce", tensor)
-        self._fast_failed(failure, "every rank to reach the mismatch check", self._agreement)
+        self._fast_failed(failure, "every rank to reach the mismatch check", self._agreement, cancel=False)  # see agree
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
@@ -481,12 +484,13 @@ class MpiBackend(Backend):
         if not request.Test():
             _wait(request, what, deadline, None, self._orphans, keep)
 
-    def _fast_failed(self, outcome: tuple, what, keep, peer: Optional[int] = None) -> NoReturn:
+    def _fast_failed(self, outcome: tuple, what, keep, peer: Optional[int] = None, cancel: bool = True) -> NoReturn:
         """Raise what an ``_mpifast`` call's ``outcome`` says, keeping its posted requests (see the notes):
-        one request, or ``exchange``'s (send, receive)."""
+        one request, or a message's (send, receive).  ``cancel=False`` keeps a receive posted at ``close``
+        (recursive doubling's check: see ``agree``)."""
         handles = outcome[1] if isinstance(outcome[1], tuple) else (outcome[1],)
         for k, handle in enumerate(handles):
-            self._orphans.append((self.MPI.Request.fromhandle(handle), keep, k == 1))
+            self._orphans.append((self.MPI.Request.fromhandle(handle), keep, k == 1 and cancel))
         if outcome[0] == 1:
             raise TimeoutError(_describe(what))
         if outcome[0] == 2:

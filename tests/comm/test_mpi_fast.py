@@ -203,10 +203,11 @@ def test_a_mismatch_on_the_short_path_raises_on_every_rank_both_ways(world):
     _skip_where_not_built(outs[0])
 
 
-def late_peer_in_the_check() -> dict:
+def late_peer_in_the_check(algorithm: str) -> dict:
     """Rank 0 times out in a 1 s group's mismatch check while rank 1 is late, each way, in the first call
     of the cell (the full path) and in a later one (the short path): a typed error in time, the check's
-    buffer kept with its posted request, the group unusable after, the world fine."""
+    buffer kept with its posted requests, the group unusable after, the world fine.  ``algorithm``:
+    native (the check in MPI's collective) or recursive_doubling (in its own messages, in C)."""
     rank = dist.get_rank()
     out = {}
     for way in WAYS:
@@ -222,12 +223,12 @@ def late_peer_in_the_check() -> dict:
             backend = _backend(group)
             if path == "short path":  # the cell admitted, on time
                 for _ in range(2):
-                    dist.all_reduce(torch.ones(2), group=group, algorithm="native")
+                    dist.all_reduce(torch.ones(2), group=group, algorithm=algorithm)
             if rank == 1:
                 time.sleep(2.0)
             start = time.monotonic()
-            try:  # native: the backend's own check is the one under test ("auto" picks shm on one host)
-                dist.all_reduce(torch.ones(2), group=group, algorithm="native")
+            try:  # not "auto": the backend's own check is the one under test ("auto" picks shm on one host)
+                dist.all_reduce(torch.ones(2), group=group, algorithm=algorithm)
                 seen["first"] = "done"
             except dist.CommError as error:
                 seen["first"] = (type(error).__name__, "mismatch check" in str(error), time.monotonic() - start)
@@ -247,15 +248,17 @@ def late_peer_in_the_check() -> dict:
     return out
 
 
+@pytest.mark.parametrize("algorithm", ["native", "recursive_doubling"])
 @pytest.mark.parametrize("world", worlds(("mpi",), (2,)), indirect=True)
-def test_a_late_peer_times_out_in_the_check_both_ways(world):
-    outs = world.run(late_peer_in_the_check, timeout=90)
+def test_a_late_peer_times_out_in_the_check_both_ways(world, algorithm):
+    outs = world.run(late_peer_in_the_check, algorithm, timeout=90)
     for rank, out in enumerate(outs):
         for way in WAYS:
             if isinstance(out[way], str):
                 continue
             for path, seen in out[way].items():
                 if rank == 0:
+                    assert seen["first"] != "done", (way, path, seen)  # not even by a message left over
                     name, in_check, took = seen["first"]
                     assert name == "CommTimeoutError" and in_check and took < 3.0, (way, path, seen)
                     assert seen["kept"] and seen["again"] == "CommTimeoutError", (way, path, seen)
