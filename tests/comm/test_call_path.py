@@ -6,7 +6,8 @@ path; from then on a native call goes from the public function (api) to the grou
 runs it and checks that every rank makes the same call (group), then to the backend -- on one host
 gloo's mismatch check is a sync of the shared segment (shm) -- and a ring call adds the ring.  A small
 native call whose tensor rides in the check's own message (MPI's) runs the group's steps in C
-(``_shortpath.c``), which calls the backend's C rider (``_mpifast.c``): C files count like the others.  Each
+(``_shortpath.c``), which calls the backend's C rider (the check in ``_mpicheck.c``, its wait in ``_mpifast.c``):
+C files count like the others.  Each
 rank traces one steady-state call (after a warm-up that fills the selection cache) with
 ``sys.setprofile`` and lists the files of every Python function it entered.
 """
@@ -26,7 +27,7 @@ MAX_FILES = {"native": 4, "ring": 5, "shm": 5}
 #: A zerocomm C function the call entered -> its source file.  The short path in C calls the backend's
 #: rider through a capsule, C to C, where no profile sees it: where the call ran in C, the rider's file counts.
 C_SOURCES = {"zerocomm.comm._shortpath": ("comm/_shortpath.c",)}
-C_RIDERS = {"mpi": "comm/backends/_mpifast.c"}
+C_RIDERS = {"mpi": ("comm/backends/_mpicheck.c", "comm/backends/_mpifast.c")}
 
 
 def files_entered(algorithm: str, numel: int):
@@ -50,7 +51,7 @@ def files_entered(algorithm: str, numel: int):
     finally:
         sys.setprofile(None)
     if "comm/_shortpath.c" in seen and "comm/group.py" not in seen:  # it ran in C: through the backend's rider
-        seen.add(C_RIDERS[dist.get_backend()])
+        seen.update(C_RIDERS[dist.get_backend()])
     return sorted(seen)
 
 
@@ -92,4 +93,6 @@ def test_a_small_native_mpi_call_runs_in_c_from_the_public_function(world):
     for rank, (files, built) in enumerate(world.run(small_native_path)):
         if not built:
             pytest.skip("the _shortpath or _mpifast extension was not built or bound (no compiler, or not MPICH)")
-        assert files == ["comm/_shortpath.c", "comm/api.py", "comm/backends/_mpifast.c"], (rank, files)
+        assert files == ["comm/_shortpath.c", "comm/api.py", "comm/backends/_mpicheck.c", "comm/backends/_mpifast.c"], \
+            (rank, files)
+        assert len(files) <= MAX_FILES["native"], (rank, files)
