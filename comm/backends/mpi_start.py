@@ -59,10 +59,13 @@ def _try_to_bind(MPI) -> bool:
 def _status_source_index(MPI) -> int:
     """Which int of an ``MPI_Status`` holds ``MPI_SOURCE`` (``_mpifast`` reads it after a probe), found by
     setting it through mpi4py and reading the struct's bytes."""
-    status = MPI.Status()
-    status.Set_source(12345)
-    status.Set_tag(-7)
-    words = array.array("i", ctypes.string_at(MPI._addressof(status), MPI._sizeof(MPI.Status)))
+    try:  # mpi4py's private helpers: where they are missing, -1 (bind() then refuses and mpi4py runs everything)
+        status = MPI.Status()
+        status.Set_source(12345)
+        status.Set_tag(-7)
+        words = array.array("i", ctypes.string_at(MPI._addressof(status), MPI._sizeof(MPI.Status)))
+    except (AttributeError, TypeError):
+        return -1
     return words.index(12345) if 12345 in words else -1
 
 
