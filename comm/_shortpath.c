@@ -4,7 +4,7 @@
  *
  * Optional: where it imports, group.short_all_reduce is this module's, which runs group.py's Python steps
  * for everything it declines.  It takes the same steps as group.short_all_reduce does for one case -- a
- * cell whose only row carries a backend's rider (a Backend.rider capsule, today MPI's, from _mpifast.c:
+ * cell whose only row carries a backend's rider (a Backend.rider capsule, today MPI's, from _mpicheck.c:
  * the check with the tensor riding for a CHECK_RIDES row, the all_reduce alone for a CHECK_OFF one) --
  * and declines (returns None, having changed nothing) in every other case,
  * before it takes a tag, so the two paths can never take different numbers of tags.

@@ -276,12 +276,12 @@ static PyMethodDef methods[] = {
     {"exchange", (PyCFunction)(void (*)(void))exchange, METH_FASTCALL,
      "exchange(comm, send, recv, nbytes, peer, tag, deadline) -> 0 or (kind, (send, recv)[, detail]); see the module"},
     {"checked", (PyCFunction)(void (*)(void))checked, METH_FASTCALL,
-     "checked(comm, stage, data, nbytes, kind, op, count, digest, tag, algorithm, rank, size, deadline) -> 0 agreed, "
+     "checked(comm, stage, data, nbytes, kind, op, count, digest, tag, schedule, rank, size, deadline) -> 0 agreed, "
      "1 not, or a failure"},
     {"plain_rider", make_plain_rider, METH_VARARGS,
      "plain_rider(comm, datatype, op) -> a capsule for the C short path: allreduce of the tensor, no check"},
     {"rider", make_rider, METH_VARARGS,
-     "rider(comm, stage, owner, kind, op, algorithm, rank, size) -> a capsule for the C short path: checked() with a "
+     "rider(comm, stage, owner, kind, op, schedule, rank, size) -> a capsule for the C short path: checked() with a "
      "tensor riding"},
     {NULL, NULL, 0, NULL},
 };
