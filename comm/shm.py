@@ -311,7 +311,7 @@ class Arena:
         self.calls = 0
         self.checks = 0  # mismatch checks run: picks the digest word (they alternate)
         self._expected: Optional[tuple] = None  # (digest, fingerprint) of an armed check (``expect``)
-        self._nothing = torch.empty(1)[:0]  # what a check alone sends through the C round (``settle``)
+        self._nothing = torch.empty(1)[:0]  # a check alone's tensor in the C round (``settle``)
         #: Whether large all_reduce calls read and write peers' tensors with ``process_vm_readv``/``writev``
         #: (``agree`` sets it).
         self.cross_memory = False
@@ -409,14 +409,11 @@ class Arena:
         self._expected = (digest, fingerprint)
 
     def settle(self, deadline: Optional[float]) -> None:
-        """After the call: run the armed check if the call's schedule did not -- as a round of the C small
-        all_reduce with nothing to reduce where ``_shmfast`` is built (the same words: a sync with its check,
-        without the Python steps of :meth:`sync`; gloo's check on one host runs here before every call)."""
-        if self._expected is not None:
-            if _shmfast is not None:
-                self.reduce_small_c(self._nothing, 0, 0, deadline, "the mismatch check")
-            else:
-                self.sync(deadline, "the mismatch check")
+        """After the call: run the armed check if the call's schedule did not (gloo's, before every call)."""
+        if self._expected is not None and _shmfast is not None:  # sync's words, as a C round with nothing to reduce
+            self.reduce_small_c(self._nothing, 0, 0, deadline, "the mismatch check")
+        elif self._expected is not None:
+            self.sync(deadline, "the mismatch check")
 
     # -- steps ------------------------------------------------------------------------------------
     def sync(self, deadline: Optional[float], what: str) -> None:
