@@ -200,32 +200,6 @@ static int check(int comm, stage_t *stage, unsigned char *data, Py_ssize_t nbyte
     return 0;
 }
 
-/* Send `send` to and/or receive `receive` from `peer` (either may be NULL), one stage each, and wait for
- * both: 1 when done, else 0 with *failure set (the requests in it: see exchange in _mpifast.c). */
-static int transfer(int comm, const stage_t *send, stage_t *receive, int peer, int tag, double deadline,
-                    PyObject **failure) {
-    int requests[2] = {MPI_REQUEST_NULL_, MPI_REQUEST_NULL_};  /* send, receive */
-    int error = 0, outcome = 2;
-    if ((receive == NULL ||
-         (error = mpi_irecv(receive, STAGE_BYTES, byte_type, peer, tag, comm, &requests[1])) == 0) &&
-        (send == NULL || (error = mpi_isend(send, STAGE_BYTES, byte_type, peer, tag, comm, &requests[0])) == 0)) {
-        outcome = 0;
-        for (int k = 0; k < 2 && outcome == 0; k++) {
-            int done = 0;
-            if (requests[k] == MPI_REQUEST_NULL_)
-                continue;
-            if ((error = mpi_test(&requests[k], &done, MPI_STATUS_IGNORE_)) != 0)
-                outcome = 2;
-            else if (!done)
-                outcome = wait_request(&requests[k], deadline, &error, NULL);
-        }
-    }
-    if (outcome == 0)
-        return 1;
-    *failure = failed(outcome, Py_BuildValue("(KK)", HANDLE(requests[0]), HANDLE(requests[1])), error);
-    return 0;
-}
-
 /* The check riding in recursive doubling's messages (see the comment at the top and the note): `stages`
  * holds three stages (this rank's running result, the one received, its own as it entered).  Returns
  * as check() does. */
@@ -242,7 +216,7 @@ static int check_by_recursive_doubling(int comm, stage_t *stages, unsigned char 
         power *= 2;
     int extra = size - power;
     if (rank < 2 * extra) {  /* odd ranks take their even partner's stage; the even ones wait for the result */
-        if (!transfer(comm, result, received, rank ^ 1, t, deadline, failure))
+        if (!message(comm, result, received, STAGE_BYTES, rank ^ 1, t, deadline, failure))
             return 2;
         answered = (received->op & ANSWERED) != 0;
         if (rank % 2 == 1 || answered)
@@ -254,13 +228,13 @@ static int check_by_recursive_doubling(int comm, stage_t *stages, unsigned char 
     if (virtual_rank >= 0) {
         for (int mask = 1; mask < power; mask <<= 1) {
             int v = virtual_rank ^ mask, peer = v < extra ? 2 * v + 1 : v + extra;
-            if (!transfer(comm, result, received, peer, t, deadline, failure))
+            if (!message(comm, result, received, STAGE_BYTES, peer, t, deadline, failure))
                 return 2;
             combine(received, result, &one, NULL);
         }
-        if (rank < 2 * extra && !answered && !transfer(comm, result, NULL, rank - 1, t, deadline, failure))
+        if (rank < 2 * extra && !answered && !message(comm, result, NULL, STAGE_BYTES, rank - 1, t, deadline, failure))
             return 2;
-    } else if (!answered && !transfer(comm, NULL, result, rank + 1, t, deadline, failure)) {
+    } else if (!answered && !message(comm, NULL, result, STAGE_BYTES, rank + 1, t, deadline, failure)) {
         return 2;
     }
     if (result->high != -result->negated_low) {

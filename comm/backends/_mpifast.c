@@ -230,6 +230,32 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return failure;
 }
 
+/* Send `send` to and/or receive `recv` from `peer` (either may be NULL), nbytes each as MPI_BYTE, and wait
+ * for both: 1 when done, else 0 with *failure set to the failure's tuple with ((send, recv) requests), or to
+ * NULL when building it raised. */
+int message(int comm, const void *send, void *recv, int nbytes, int peer, int tag, double deadline,
+            PyObject **failure) {
+    int requests[2] = {MPI_REQUEST_NULL_, MPI_REQUEST_NULL_};  /* send, recv */
+    int error = 0, outcome = 2;
+    if ((recv == NULL || (error = mpi_irecv(recv, nbytes, byte_type, peer, tag, comm, &requests[1])) == 0) &&
+        (send == NULL || (error = mpi_isend(send, nbytes, byte_type, peer, tag, comm, &requests[0])) == 0)) {
+        outcome = 0;
+        for (int k = 0; k < 2 && outcome == 0; k++) {
+            int done = 0;
+            if (requests[k] == MPI_REQUEST_NULL_)
+                continue;
+            if ((error = mpi_test(&requests[k], &done, MPI_STATUS_IGNORE_)) != 0)
+                outcome = 2;
+            else if (!done)
+                outcome = wait_request(&requests[k], deadline, &error, NULL);
+        }
+    }
+    if (outcome == 0)
+        return 1;
+    *failure = failed(outcome, Py_BuildValue("(KK)", HANDLE(requests[0]), HANDLE(requests[1])), error);
+    return 0;
+}
+
 /* Exchange nbytes with peer (see the module comment): both requests posted, then each waited. */
 static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7) {
@@ -249,22 +275,10 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_Format(PyExc_ValueError, "exchange: %ld bytes do not fit an MPI count", nbytes);
         return NULL;
     }
-    int requests[2] = {MPI_REQUEST_NULL_, MPI_REQUEST_NULL_};  /* send, recv */
-    int error = 0, outcome = 2;
-    if ((error = mpi_irecv(recv, (int)nbytes, byte_type, (int)peer, (int)tag, comm, &requests[1])) == 0 &&
-        (error = mpi_isend(send, (int)nbytes, byte_type, (int)peer, (int)tag, comm, &requests[0])) == 0) {
-        outcome = 0;
-        for (int k = 0; k < 2 && outcome == 0; k++) {
-            int done = 0;
-            if ((error = mpi_test(&requests[k], &done, MPI_STATUS_IGNORE_)) != 0)
-                outcome = 2;
-            else if (!done)
-                outcome = wait_request(&requests[k], deadline, &error, NULL);
-        }
-    }
-    if (outcome == 0)
+    PyObject *failure = NULL;
+    if (message(comm, send, recv, (int)nbytes, (int)peer, (int)tag, deadline, &failure))
         return PyLong_FromLong(0);
-    return failed(outcome, Py_BuildValue("(KK)", HANDLE(requests[0]), HANDLE(requests[1])), error);
+    return failure;
 }
 
 static PyMethodDef methods[] = {

@@ -56,6 +56,8 @@ void answer_peers(answering_t *answering);
 PyObject *failed(int outcome, PyObject *requests, int error);
 int run(void *address, int count, int datatype, int op, int comm, double deadline, answering_t *answering,
         PyObject **failure);
+int message(int comm, const void *send, void *recv, int nbytes, int peer, int tag, double deadline,
+            PyObject **failure);
 int handle(PyObject *value);
 int bound(void);
 void combine(void *in_, void *inout_, int *len, int *datatype);
