@@ -59,6 +59,11 @@ class ZeroConfig:
     max_inflight_buckets: int = 2
     """Stages 2 and 3: at most this many full-size bucket buffers exist at once; a hook that needs
     another waits for the oldest reduction to finish (0: unbounded)."""
+    keep_bucket_buffers: Optional[bool] = None
+    """Stages 2 and 3: keep the bucket buffers (at most ``max_inflight_buckets`` buffers of the largest bucket)
+    from one step to the next instead of freeing them after each step.  None: the stage's choice (stage 2 keeps
+    them, stage 3 frees them).  Keeping them costs their memory through forward; freeing them costs page faults
+    in the next backward when the allocator has handed the memory back to the kernel (see docs/zero.md)."""
     shard_alignment: int = 16
     """Each rank's chunk of a bucket is a multiple of this many elements (buckets are zero-padded)."""
     algorithm: Optional[str] = None
@@ -147,6 +152,8 @@ class ZeroConfig:
                      "consecutive_hysteresis", "shared_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ZeroConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.keep_bucket_buffers is not None and not isinstance(self.keep_bucket_buffers, bool):
+            raise ZeroConfigError(f"keep_bucket_buffers must be None or a bool, got {self.keep_bucket_buffers!r}")
         for name in ("gradient_clipping", "loss_scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:

@@ -16,8 +16,9 @@ that owns it does.  Two parts, chosen by ``GradientPlacement`` (see stages.py):
   each bucket is all-reduced, or reduce-scattered, in place.  Memory: Φ elements.
 * ``ShardedGradients`` (stages 2 and 3): a bucket's full-size buffer is in use from its first gradient
   to the end of its reduction, which writes this rank's chunk straight into the gradient shard, and
-  then serves the next bucket.  Memory: Φ/N elements plus at most ``max_inflight_buckets`` bucket
-  buffers during backward and the step.
+  then serves the next bucket.  Memory: Φ/N elements of gradients, plus at most
+  ``max_inflight_buckets`` bucket buffers (communication buffers, not gradients: stage 2 keeps them
+  from one step to the next, stage 3 frees them at the end of each step).
 
 Both average over ranks (``ReduceOp.AVG``).  Misuse raises ``ZeroStateError`` naming the rank, the
 bucket and the parameter.
@@ -253,22 +254,29 @@ class FullGradients:
 
 
 class ShardedGradients:
-    """This rank's reduced gradient shard; bucket buffers only while they are reduced (stages 2, 3).
+    """This rank's reduced gradient shard, and the bucket buffers it is reduced from (stages 2, 3).
 
     At most ``max_inflight`` bucket buffers exist at once (0: unbounded): taking another first frees
-    the reductions that have finished, then waits for the oldest.  A finished bucket's buffer is reused
-    by the next bucket of the same backward rather than freed: a fresh buffer costs the kernel's page
-    faults and zeroing on first touch (about 2.7 ms per 8 MiB on the 2-core test machine, ten times
-    the copy into it).  Every buffer therefore has the largest bucket's size.  The spares are freed at
-    the end of the step, so between steps only the shard remains: kept through the next forward, they
-    would raise the peak (the end of forward) by ``max_inflight`` buffers, measured.
+    the reductions that have finished, then waits for the oldest.  A finished bucket's buffer is a
+    *spare*, reused by the next bucket rather than freed: a fresh buffer costs the kernel's page faults
+    and zeroing on first touch (about 2.7 ms per 8 MiB on the 2-core test machine, ten times the copy
+    into it).  Every buffer therefore has the largest bucket's size.
+
+    ``keep_buffers`` (stage 2) keeps the spares from one step to the next, as DeepSpeed keeps its
+    two reduction buffers.  Freeing 16 MiB after every step let glibc hand the top of its heap back to
+    the kernel, and the next backward faulted as much in again: 4,000 more page faults per step and
+    about 4 % of stage 2's step on the test machine (measured; the spares' own memory did not fault).
+    The price is the spares' memory through forward, where the peak is.  Stage 3, chosen for memory,
+    frees them at the end of each step, so between its steps only the shard remains.
     """
 
     persistent = False
 
     def __init__(self, layouts: list, *, dtype: torch.dtype, device: torch.device, reduction: Reduction,
-                 max_inflight: int, rank: int, group=None, algorithm: Optional[str] = None, keep_shard: bool = True):
+                 max_inflight: int, rank: int, group=None, algorithm: Optional[str] = None, keep_shard: bool = True,
+                 keep_buffers: bool = False):
         self.layouts, self.dtype, self.device = layouts, dtype, device
+        self.keep_buffers = keep_buffers
         self.reduction, self.rank = reduction, rank
         self.group, self.algorithm = group, algorithm
         # keep_shard=False (an optimizer state that streams gradients to files): each bucket reduces into a chunk
@@ -325,11 +333,17 @@ class ShardedGradients:
     def end_step(self) -> None:
         self._inflight.clear()
         self._handed.clear()
+        if self.keep_buffers:
+            return
         for spare in self._spares:
             release_storage(spare)
         self._spares.clear()
 
     def nbytes(self, buckets) -> int:
+        """Bytes of gradients: the shard, chunks not yet handed over, and the buffers holding a bucket now."""
         return (tensor_bytes(self.shard) + sum(tensor_bytes(chunk) for chunk in self._handed.values())
-                + sum(tensor_bytes(spare) for spare in self._spares)
                 + sum(bucket.buffer.untyped_storage().nbytes() for bucket in buckets if bucket.buffer is not None))
+
+    def spare_bytes(self) -> int:
+        """Bytes of bucket buffers waiting for their next bucket (communication buffers, not model state)."""
+        return sum(tensor_bytes(spare) for spare in self._spares)

@@ -175,7 +175,8 @@ class ZeroOptimizer:
             self.gradients = ShardedGradients(self.layouts, dtype=self.dtype, device=device,
                                               reduction=self.plan.reduction, max_inflight=config.max_inflight_buckets,
                                               rank=self.rank, group=group, algorithm=self.step_algorithm,
-                                              keep_shard=not getattr(self.optimizer_state, "streams_gradients", False))
+                                              keep_shard=not getattr(self.optimizer_state, "streams_gradients", False),
+                                              keep_buffers=self.plan.keep_bucket_buffers)
         self.buckets = [GradientBucket(layout, acquire=self.gradients.acquire, reduce=self.gradients.reduce,
                                        persistent=self.gradients.persistent, release=self.gradients.release, rank=self.rank,
                                        on_reduced=on_reduced)

@@ -8,13 +8,17 @@ stage         gradients             reduction              parameters           
 ============  ====================  =====================  ====================  ===============
 0 data par.   ``FULL`` buffer       ``ALL_REDUCE``         ``REPLICATED``        full, on device
 1             ``FULL`` buffer       ``REDUCE_SCATTER``     ``REPLICATED``        shard, on device
-2             ``SHARD`` only        ``REDUCE_SCATTER``     ``REPLICATED``        shard, on device
+2             ``SHARD``, buffers    ``REDUCE_SCATTER``     ``REPLICATED``        shard, on device
+              kept between steps
 3             ``SHARD`` only        ``REDUCE_SCATTER``     ``SHARDED``           shard, on device
 ============  ====================  =====================  ====================  ===============
 
 * gradients (gradients.py): ``FULL`` keeps one full-size gradient buffer between steps and reduces
-  each bucket in place; ``SHARD`` fills a transient bucket buffer, reduces it into this rank's
-  gradient shard and frees it.
+  each bucket in place; ``SHARD`` fills a bucket buffer, reduces it into this rank's gradient shard
+  and reuses it for the next bucket.  Stage 2 keeps those buffers (at most ``max_inflight_buckets``)
+  from one step to the next, which spares its backward the page faults of memory freed and mapped
+  again; stage 3 frees them after each step, so between its steps only shards remain
+  (``ZeroConfig.keep_bucket_buffers`` overrides either).
 * reduction: ``ALL_REDUCE`` gives every rank the whole averaged bucket; ``REDUCE_SCATTER`` gives each
   rank only its chunk.  ``ZeroConfig.reduce_scatter = False`` turns stages 1 and 2 into
   ``ALL_REDUCE`` (DeepSpeed's schedule: all_reduce, then keep the chunk).  In every stage a backward
@@ -92,6 +96,8 @@ class StagePlan:
     gradients: GradientPlacement
     parameters: ParameterPlacement
     optimizer_state: StatePlacement = StatePlacement.DEVICE
+    keep_bucket_buffers: bool = False
+    """``SHARD`` gradients: keep the bucket buffers from one step to the next (False: free them after each step)."""
 
 
 STAGES: dict[Stage, StagePlan] = {
@@ -103,7 +109,7 @@ STAGES: dict[Stage, StagePlan] = {
                                      parameters=ParameterPlacement.REPLICATED),
     Stage.GRADIENTS: StagePlan(stage=Stage.GRADIENTS, shard_optimizer_state=True,
                                reduction=Reduction.REDUCE_SCATTER, gradients=GradientPlacement.SHARD,
-                               parameters=ParameterPlacement.REPLICATED),
+                               parameters=ParameterPlacement.REPLICATED, keep_bucket_buffers=True),
     Stage.PARAMETERS: StagePlan(stage=Stage.PARAMETERS, shard_optimizer_state=True,
                                 reduction=Reduction.REDUCE_SCATTER, gradients=GradientPlacement.SHARD,
                                 parameters=ParameterPlacement.SHARDED),
@@ -115,9 +121,11 @@ _OFFLOAD = {"none": StatePlacement.DEVICE, "cpu": StatePlacement.HOST, "nvme": S
 
 def plan_for(config: ZeroConfig) -> StagePlan:
     """The stage's row, with ``reduce_scatter = False`` applied (stages 1 and 2 only: stage 3's
-    gradients reach no rank in full, so it always reduce-scatters) and ``offload_optimizer`` as its
-    optimizer-state placement."""
+    gradients reach no rank in full, so it always reduce-scatters), ``offload_optimizer`` as its
+    optimizer-state placement and ``keep_bucket_buffers`` where it is set."""
     plan = STAGES[Stage(config.stage)]
+    if config.keep_bucket_buffers is not None and plan.gradients is GradientPlacement.SHARD:
+        plan = dataclasses.replace(plan, keep_bucket_buffers=config.keep_bucket_buffers)
     if config.offload_optimizer != "none":
         plan = dataclasses.replace(plan, optimizer_state=_OFFLOAD[config.offload_optimizer])
     if not config.reduce_scatter and plan.stage in (Stage.OPTIMIZER_STATE, Stage.GRADIENTS):

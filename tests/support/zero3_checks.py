@@ -42,6 +42,7 @@ def state_bytes(precision: str = "fp32") -> dict:
         _step(model, optimizer, step)
     out = _sizes(optimizer)
     out["bytes"] = optimizer.model_state_bytes()
+    out["spare_bytes"] = optimizer.gradients.spare_bytes()  # stage 3 frees its bucket buffers after each step
     optimizer.remove_hooks()
     return out
 

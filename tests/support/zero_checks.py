@@ -198,16 +198,18 @@ def padded_size(optimizer) -> int:
 
 
 def state_bytes_cases(cases: list, steps: int = 2) -> list:
-    """For each ``(stage, precision)``: (stage, precision, Φ, Φ padded, buckets, model_state_bytes) after
-    ``steps`` steps of the LM."""
+    """For each ``(stage, precision)``: (stage, precision, Φ, Φ padded, buckets, model_state_bytes, bucket buffers
+    kept between steps as (bytes, bytes of the largest bucket, max_inflight_buckets)) after ``steps`` steps of the LM."""
     out = []
     for stage, precision in cases:
         run = zero_run("lm", steps=steps, accum=1, clip=0.0, stage=stage, algorithm="native", precision=precision)
         optimizer = run["optimizer"]
         optimizer.remove_hooks()
         phi = sum(p.numel() for p in optimizer.params)
+        spares = getattr(optimizer.gradients, "spare_bytes", lambda: 0)()
+        largest = max(layout.padded_numel for layout in optimizer.layouts) * optimizer.params[0].element_size()
         out.append((stage, precision, phi, padded_size(optimizer), len(optimizer.layouts),
-                    optimizer.model_state_bytes()))
+                    optimizer.model_state_bytes(), (spares, largest, optimizer.config.max_inflight_buckets)))
     return out
 
 

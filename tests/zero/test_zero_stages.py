@@ -86,7 +86,7 @@ def test_model_state_bytes_follow_the_zero_formulas(world):
     cases = [(0, "fp32"), (1, "fp32"), (2, "fp32"), (0, "bf16"), (1, "bf16"), (2, "bf16"), (2, "fp16")]
     n = world.world_size
     for rows in world.run(zero_checks.state_bytes_cases, cases):
-        for stage, precision, phi, padded, buckets, got in rows:
+        for stage, precision, phi, padded, buckets, got, (spares, largest, inflight) in rows:
             assert phi <= padded <= phi + buckets * n * 16  # padding: under one aligned row per bucket
             half = 2  # bytes of a bf16/fp16 element
             steps_scalars = 4 * buckets  # Adam keeps one float32 "step" tensor per master shard
@@ -98,6 +98,12 @@ def test_model_state_bytes_follow_the_zero_formulas(world):
                 optimizer = (12 * padded if stage == 0 else 12 * padded // n) + steps_scalars
             assert got == {"params": params, "grads": grads, "optimizer_state": optimizer, "buffers": 0}, \
                 (stage, precision, got)
+            # Stage 2 keeps its bucket buffers for the next step (communication buffers, outside the formulas):
+            # whole buffers of the largest bucket, at most max_inflight_buckets of them.
+            if stage == 2:
+                assert spares % largest == 0 and largest <= spares <= inflight * largest, (spares, largest)
+            else:
+                assert spares == 0
 
 
 @pytest.mark.parametrize("world", worlds(sizes=(2, 4)), indirect=True)

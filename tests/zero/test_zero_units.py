@@ -49,6 +49,7 @@ def test_deepspeed_dict_errors_name_the_key(config, words):
     ({"algorithm": "fast"}, ["algorithm", "fast"]),
     ({"loss_scale": 128.0}, ["loss_scale", "fp16"]),
     ({"min_loss_scale": 0}, ["min_loss_scale"]),
+    ({"keep_bucket_buffers": 1}, ["keep_bucket_buffers", "bool"]),
 ])
 def test_config_fields_are_validated(fields, words):
     with pytest.raises(ZeroConfigError) as info:
@@ -146,13 +147,39 @@ def test_sharded_gradients_reuse_a_finished_buffer_and_free_it_at_the_end_of_the
     assert launched[0].tolist() == [1, 2, 3, 0]  # the reused buffer's padding is zeroed, not the old 9s
     shard_bytes = 4 * grads.shard.numel()
     assert grads.nbytes([bucket]) == shard_bytes + 4 * 12  # the whole buffer counts while in use
+    assert grads.spare_bytes() == 0
     bucket.wait()
-    assert bucket.buffer is None and grads.nbytes([bucket]) == shard_bytes + 4 * 12  # a spare is memory held
+    # a spare is memory held, but a communication buffer: not a gradient
+    assert bucket.buffer is None and grads.nbytes([bucket]) == shard_bytes and grads.spare_bytes() == 4 * 12
     for _ in range(3):  # never more spares than buffers in flight
         grads.release(torch.empty(12))
-    assert grads.nbytes([bucket]) == shard_bytes + 2 * 4 * 12
+    assert grads.spare_bytes() == 2 * 4 * 12
     grads.end_step()
-    assert first.untyped_storage().nbytes() == 0 and grads.nbytes([bucket]) == shard_bytes  # the shard only
+    assert first.untyped_storage().nbytes() == 0 and grads.spare_bytes() == 0  # the shard only
+    assert grads.nbytes([bucket]) == shard_bytes
+
+
+def test_sharded_gradients_that_keep_buffers_reuse_them_in_the_next_step():
+    from zerocomm.zero.stages import Reduction
+    layouts = plan_buckets([("a", (10,)), ("b", (3,))], bucket_numel=10, world_size=2, alignment=2)
+    grads = ShardedGradients(layouts, dtype=torch.float32, device=torch.device("cpu"),
+                             reduction=Reduction.REDUCE_SCATTER, max_inflight=2, rank=0, keep_buffers=True)
+    first = grads.acquire(layouts[0])
+    grads.release(first)
+    grads.end_step()
+    assert first.untyped_storage().nbytes() == 4 * 12 and grads.spare_bytes() == 4 * 12  # kept
+    again = grads.acquire(layouts[1])  # the next step's first bucket takes it: no fresh memory
+    assert again.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() and again.numel() == 4
+    assert grads.spare_bytes() == 0
+
+
+@pytest.mark.parametrize("stage, override, kept", [(2, None, True), (3, None, False), (2, False, False),
+                                                   (3, True, True), (1, True, False)])
+def test_the_stage_table_says_which_stages_keep_bucket_buffers(stage, override, kept):
+    from zerocomm.zero.config import ZeroConfig
+    from zerocomm.zero.stages import plan_for
+    plan = plan_for(ZeroConfig(stage=stage, keep_bucket_buffers=override))
+    assert plan.keep_bucket_buffers is kept  # stage 1's gradients are one full buffer: nothing to keep or free
 
 
 def test_bucket_misuse_raises_state_errors_naming_rank_bucket_and_parameter():
