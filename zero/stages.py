@@ -17,8 +17,8 @@ stage         gradients             reduction              parameters           
   each bucket in place; ``SHARD`` fills a bucket buffer, reduces it into this rank's gradient shard
   and reuses it for the next bucket.  Stage 2 keeps those buffers (at most ``max_inflight_buckets``)
   from one step to the next, which spares its backward the page faults of memory freed and mapped
-  again; stage 3 frees them after each step, so between its steps only shards remain
-  (``ZeroConfig.keep_bucket_buffers`` overrides either).
+  again; stage 3, and any stage that offloads its optimizer state, frees them after each step, so
+  between its steps only shards remain (``ZeroConfig.keep_bucket_buffers`` overrides either).
 * reduction: ``ALL_REDUCE`` gives every rank the whole averaged bucket; ``REDUCE_SCATTER`` gives each
   rank only its chunk.  ``ZeroConfig.reduce_scatter = False`` turns stages 1 and 2 into
   ``ALL_REDUCE`` (DeepSpeed's schedule: all_reduce, then keep the chunk).  In every stage a backward
@@ -122,12 +122,13 @@ _OFFLOAD = {"none": StatePlacement.DEVICE, "cpu": StatePlacement.HOST, "nvme": S
 def plan_for(config: ZeroConfig) -> StagePlan:
     """The stage's row, with ``reduce_scatter = False`` applied (stages 1 and 2 only: stage 3's
     gradients reach no rank in full, so it always reduce-scatters), ``offload_optimizer`` as its
-    optimizer-state placement and ``keep_bucket_buffers`` where it is set."""
+    optimizer-state placement (an offload also frees the bucket buffers after each step: it is chosen
+    to save memory) and ``keep_bucket_buffers`` where it is set."""
     plan = STAGES[Stage(config.stage)]
+    if config.offload_optimizer != "none":
+        plan = dataclasses.replace(plan, optimizer_state=_OFFLOAD[config.offload_optimizer], keep_bucket_buffers=False)
     if config.keep_bucket_buffers is not None and plan.gradients is GradientPlacement.SHARD:
         plan = dataclasses.replace(plan, keep_bucket_buffers=config.keep_bucket_buffers)
-    if config.offload_optimizer != "none":
-        plan = dataclasses.replace(plan, optimizer_state=_OFFLOAD[config.offload_optimizer])
     if not config.reduce_scatter and plan.stage in (Stage.OPTIMIZER_STATE, Stage.GRADIENTS):
         plan = dataclasses.replace(plan, reduction=Reduction.ALL_REDUCE)
     return plan

@@ -173,12 +173,13 @@ def test_sharded_gradients_that_keep_buffers_reuse_them_in_the_next_step():
     assert grads.spare_bytes() == 0
 
 
-@pytest.mark.parametrize("stage, override, kept", [(2, None, True), (3, None, False), (2, False, False),
-                                                   (3, True, True), (1, True, False)])
-def test_the_stage_table_says_which_stages_keep_bucket_buffers(stage, override, kept):
+@pytest.mark.parametrize("stage, override, offload, kept", [
+    (2, None, "none", True), (3, None, "none", False), (2, False, "none", False), (3, True, "none", True),
+    (1, True, "none", False), (2, None, "cpu", False), (2, True, "cpu", True)])
+def test_the_stage_table_says_which_stages_keep_bucket_buffers(stage, override, offload, kept):
     from zerocomm.zero.config import ZeroConfig
     from zerocomm.zero.stages import plan_for
-    plan = plan_for(ZeroConfig(stage=stage, keep_bucket_buffers=override))
+    plan = plan_for(ZeroConfig(stage=stage, keep_bucket_buffers=override, offload_optimizer=offload))
     assert plan.keep_bucket_buffers is kept  # stage 1's gradients are one full buffer: nothing to keep or free
 
 
