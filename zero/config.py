@@ -62,8 +62,9 @@ class ZeroConfig:
     keep_bucket_buffers: Optional[bool] = None
     """Stages 2 and 3: keep the bucket buffers (at most ``max_inflight_buckets`` buffers of the largest bucket)
     from one step to the next instead of freeing them after each step.  None: the stage's choice (stage 2 keeps
-    them; stage 3, and a stage whose optimizer state is offloaded, frees them).  Keeping them costs their memory through forward; freeing them costs page faults
-    in the next backward when the allocator has handed the memory back to the kernel (see docs/zero.md)."""
+    them; stage 3, and a stage whose optimizer state is offloaded, frees them).  Keeping them costs their
+    memory through forward; freeing them costs page faults in the next backward when the allocator has handed
+    the memory back to the kernel (see docs/zero.md)."""
     shard_alignment: int = 16
     """Each rank's chunk of a bucket is a multiple of this many elements (buckets are zero-padded)."""
     algorithm: Optional[str] = None

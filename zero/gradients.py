@@ -18,7 +18,7 @@ that owns it does.  Two parts, chosen by ``GradientPlacement`` (see stages.py):
   to the end of its reduction, which writes this rank's chunk straight into the gradient shard, and
   then serves the next bucket.  Memory: Φ/N elements of gradients, plus at most
   ``max_inflight_buckets`` bucket buffers (communication buffers, not gradients: stage 2 keeps them
-  from one step to the next, stage 3 frees them at the end of each step).
+  from one step to the next, stage 3 and offloading stages free them at the end of each step).
 
 Both average over ranks (``ReduceOp.AVG``).  Misuse raises ``ZeroStateError`` naming the rank, the
 bucket and the parameter.
@@ -266,8 +266,8 @@ class ShardedGradients:
     two reduction buffers.  Freeing 16 MiB after every step let glibc hand the top of its heap back to
     the kernel, and the next backward faulted as much in again: 4,000 more page faults per step and
     about 4 % of stage 2's step on the test machine (measured; the spares' own memory did not fault).
-    The price is the spares' memory through forward, where the peak is.  Stage 3, chosen for memory,
-    frees them at the end of each step, so between its steps only the shard remains.
+    The price is the spares' memory through forward, where the peak is.  Stage 3 and the offloading
+    stages, chosen for memory, free them at the end of each step, so between steps only the shard remains.
     """
 
     persistent = False

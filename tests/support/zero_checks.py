@@ -198,8 +198,9 @@ def padded_size(optimizer) -> int:
 
 
 def state_bytes_cases(cases: list, steps: int = 2) -> list:
-    """For each ``(stage, precision)``: (stage, precision, Φ, Φ padded, buckets, model_state_bytes, bucket buffers
-    kept between steps as (bytes, bytes of the largest bucket, max_inflight_buckets)) after ``steps`` steps of the LM."""
+    """For each ``(stage, precision)``: (stage, precision, Φ, Φ padded, buckets, model_state_bytes, bucket
+    buffers kept between steps as (bytes, bytes of the largest bucket, max_inflight_buckets)) after ``steps``
+    steps of the LM."""
     out = []
     for stage, precision in cases:
         run = zero_run("lm", steps=steps, accum=1, clip=0.0, stage=stage, algorithm="native", precision=precision)
