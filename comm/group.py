@@ -94,7 +94,7 @@ class Group(ProcessGroupMethods):
         #: emptied when the configuration changes.
         self.short: Dict[tuple, tuple] = {}
         self.short_segment_bytes = 0
-        self._seq = 0
+        self._seq = communicator.tag_origin
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the queue or the pending count changed
         self._pending = 0  # calls queued or running

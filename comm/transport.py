@@ -138,6 +138,10 @@ class Backend(Transport):
     #: Whether :meth:`irecv_any` (receive from whichever peer sends) works on this backend.
     ANY_SOURCE: ClassVar[bool] = False
 
+    #: Where the group's call sequence, and so its collective tags, starts: the same on every rank.  0 where a
+    #: destroyed communicator's messages cannot reach a later one; MPI draws it at random (see ``MpiBackend``).
+    tag_origin: int = 0
+
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
         """Post a receive from whichever peer sends with ``tag``; the request's ``source()`` is its rank."""
         raise NotImplementedError(f"{self.name} cannot receive from any source")

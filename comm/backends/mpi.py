@@ -27,9 +27,10 @@ completed).  ``close`` cancels the orphaned receives (``MPI_Cancel`` is allowed
 for point-to-point receives) and moves whatever is still unfinished to
 ``_ABANDONED``, which keeps the tensors alive for the rest of the process, so
 MPI never writes into freed memory; entries leave it once MPI says they are
-done.  The group above is poisoned after such a failure (see ``group.py``), so
-no later call reuses the communicator; ``destroy_process_group`` frees it and a
-new ``init_process_group`` duplicates a fresh one.
+done.  The group above is poisoned after such a failure (see ``group.py``), so no later call reuses the
+communicator; ``destroy_process_group`` frees it and a new ``init_process_group`` duplicates a fresh one.
+A message the late peer sends after the cancel waits unreceived, and MPICH gives the freed context to a
+later communicator: tags start at a random ``tag_origin`` (agreed at creation), so no later call takes it.
 
 [Note: the C hot loop]  ``_mpifast`` (an optional C extension, built by ``pip install``) posts an
 ``MPI_Iallreduce`` and runs the same wait in C, with the GIL released while it yields or sleeps:
@@ -40,9 +41,8 @@ one call) when it imports and the library is MPICH (whose handles are ints, so t
 mpi.h); otherwise (or with a backend's ``_fast`` set to ``None``, as the tests do) the same steps run
 through mpi4py.  Both paths leave a timed-out request in ``_orphans`` with its buffers.
 
-[Note: threads]  The executor thread and the caller's thread may both call MPI, so
-zerocomm needs ``MPI_THREAD_MULTIPLE``; ``init_process_group("mpi")`` asks for it
-and refuses a library that provides less.
+[Note: threads]  The executor thread and the caller's thread may both call MPI, so zerocomm needs
+``MPI_THREAD_MULTIPLE``; ``init_process_group("mpi")`` asks for it and refuses a library that provides less.
 """
 from __future__ import annotations
 
@@ -249,9 +249,10 @@ class MpiBackend(Backend):
         self._orphans: list = []
         #: (data_ptr, numel, dtype, op) -> (MPI buffer spec, MPI op, divide after, C arguments): see ``all_reduce``.
         self._specs: dict = {}
-        #: ``_mpifast.allreduce`` or None (see the note on the C hot loop); ``_checked``: ``_mpifast.checked``.
-        # Every rank must check the same way (the check's MPI type differs): the C way only where all can.
-        self._fast = _mpifast.allreduce if comm.allreduce(int(bind_extension(MPI)), op=MPI.MIN) else None
+        #: ``_fast``: ``_mpifast.allreduce``, or None unless every rank can (they must all check the same way: the
+        #: check's MPI type differs; see the note on the C hot loop).  ``tag_origin``: see requests left behind.
+        bound = comm.allgather((int(bind_extension(MPI)), int.from_bytes(os.urandom(4), "little") >> 5))
+        self._fast, self.tag_origin = _mpifast.allreduce if min(flag for flag, _ in bound) else None, bound[0][1]
         self._checked = _mpifast.checked if self._fast is not None else None
         self._exchange = _mpifast.exchange if self._fast is not None else None
         self._handle, self._p2p_handle = comm.handle, self.p2p.handle
@@ -432,9 +433,8 @@ class MpiBackend(Backend):
                     return AGREE
             if outcome == 1:
                 return DISAGREE
-            # A receive of recursive doubling's check stays posted after close: cancelled, the late peer's
-            # stage would wait unreceived, and MPICH may give its communicator's context to a new group, whose
-            # call with the same tag would take it.  Posted, it holds the context until the stage lands.
+            # Recursive doubling's check receive stays posted after close (256 bytes): it holds the context
+            # until the late peer's stage lands (see the note on requests left behind).
             self._fast_failed(outcome, "every rank to reach the mismatch check", both, cancel=False)
         both[0] = digest
         both[1] = -digest

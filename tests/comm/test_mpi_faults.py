@@ -127,3 +127,44 @@ def test_a_timed_out_mpi_world_can_be_destroyed_and_created_again(world):
         else:
             assert seen["late"] == "done", seen
         assert seen["fresh"] == [3.0] * 8, seen
+
+
+def stale_message_then_new_group(algorithm: str) -> dict:
+    """Rank 0 times out and destroys the group before the late rank 1 sends at all; rank 1's message then
+    waits, unreceived, on a communicator that no longer exists.  MPICH hands that communicator's context to
+    the next one created, whose first call has the same sequence number: its tags must still differ, or
+    rank 0's call would take the stale message (a wrong answer, silently).  The check is off in both calls,
+    so both travel the algorithm's own messages."""
+    checking = dist.configure().check
+    dist.configure(check=False)
+    rank = dist.get_rank()
+    seen = {"rank": rank}
+    try:
+        group = dist.new_group([0, 1], timeout=TIMEOUT)
+        if rank == 1:
+            time.sleep(1.5)  # rank 0 has timed out and destroyed the group by now
+        try:
+            dist.all_reduce(torch.full((8,), 100.0), group=group, algorithm=algorithm)
+            seen["old"] = "done"
+        except dist.CommError as error:
+            seen["old"] = type(error).__name__
+        dist.destroy_process_group(group)
+        again = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=10))
+        if rank == 1:
+            time.sleep(0.5)  # rank 0 waits in its call first: only a stale message could complete it early
+        fresh = torch.full((8,), float(rank + 1))
+        dist.all_reduce(fresh, group=again, algorithm=algorithm)
+        dist.destroy_process_group(again)
+    finally:
+        dist.configure(check=checking)
+    seen["fresh"] = fresh.tolist()
+    return seen
+
+
+@pytest.mark.parametrize("world", worlds(("mpi",), (2,)), indirect=True)
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "tree"])
+def test_a_stale_message_of_a_destroyed_group_is_never_taken_by_the_next(world, algorithm):
+    for seen in world.run(stale_message_then_new_group, algorithm, timeout=60):
+        # rank 1 may finish: rank 0's own message left before it gave up
+        assert seen["old"] in (("CommTimeoutError",) if seen["rank"] == 0 else ("done", "CommTimeoutError")), seen
+        assert seen["fresh"] == [3.0] * 8, seen
