@@ -263,11 +263,12 @@ class ShardedGradients:
     into it).  Every buffer therefore has the largest bucket's size.
 
     ``keep_buffers`` (stage 2) keeps the spares from one step to the next, as DeepSpeed keeps its
-    two reduction buffers.  Freeing 16 MiB after every step let glibc hand the top of its heap back to
-    the kernel, and the next backward faulted as much in again: 4,000 more page faults per step and
-    about 4 % of stage 2's step on the test machine (measured; the spares' own memory did not fault).
-    The price is the spares' memory through forward, where the peak is.  Stage 3 and the offloading
-    stages, chosen for memory, free them at the end of each step, so between steps only the shard remains.
+    two reduction buffers.  Freeing 16 MiB (two 2 M-element buckets) after every step let glibc hand
+    the top of its heap back to the kernel, and the next backward faulted as much in again: 4,000 more
+    page faults per step and about 4 % of stage 2's step on the test machine (measured; the spares' own
+    memory did not fault).  The price is the spares' memory through forward, where the peak is.  Stage
+    3 and the offloading stages, chosen for memory, free them at the end of each step, so between steps
+    only the shard remains.
     """
 
     persistent = False
