@@ -32,7 +32,7 @@ from .backends import BACKENDS, backend_class
 from .config import CommConfig
 from .errors import CommError, CommTimeoutError, InvalidArgumentError, PeerError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
-from .transport import USER_TAG_LIMIT
+from .transport import USER_TAG_LIMIT, PeerFailure
 
 #: Variables an MPI launcher sets in every rank (MPICH/hydra, PMIx, Open MPI, Intel MPI).
 _MPI_LAUNCH_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID", "PMI_FD", "PMI_PORT")
@@ -184,7 +184,6 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         # Which host each rank is on, learnt once (selection offers "shm" only where all ranks share one);
         # the tag is below every collective's, and nothing else is in flight yet.
         from . import topology
-        from .transport import PeerFailure
         try:
             topology.hosts(communicator, tag=USER_TAG_LIMIT, deadline=start + timeout.total_seconds())
             if topology.one_host(communicator):  # and whether they can share memory: before "auto" offers "shm"
@@ -256,7 +255,11 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     timeout = world.timeout if timeout is None else _group_timeout(timeout, "new_group")
     WORLD.group_count += 1
     name = f"g{WORLD.group_count}"
-    communicator = world.communicator.split(members, name)
+    start = time.monotonic()
+    try:
+        communicator = world.communicator.split(members, name, deadline=start + world.timeout.total_seconds())
+    except (TimeoutError, PeerFailure, RuntimeError, OSError) as error:  # a member that never came, or left
+        raise _new_group_failure(error, world, members, time.monotonic() - start) from None
     if communicator is None:
         return NON_GROUP_MEMBER
     from . import topology
@@ -265,6 +268,17 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     WORLD.groups[name] = group
     from .c10d import handle_of  # c10d imports this module's users: a late import
     return handle_of(group)
+
+
+def _new_group_failure(error: BaseException, world: Group, members: List[int], waited_s: float) -> CommError:
+    """What the backend raised while creating a group (MPI's wait, torch's gloo store), as zerocomm's type."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    where = (f"rank {world.my_global_rank}: new_group({members})", f"after {waited_s * 1000:.0f} ms (deadline "
+             f"{world.timeout.total_seconds() * 1000:.0f} ms)")
+    if isinstance(error, TimeoutError) or "timeout" in text.lower() or "timed out" in text.lower():
+        return CommTimeoutError(f"{where[0]} timed out {where[1]}: not every member called it; waiting for: {text}")
+    return PeerError(f"{where[0]} failed {where[1]}: a member or the store could not be reached "
+                     f"({type(error).__name__}: {text})")
 
 
 def _group_or_world(group, what: str) -> Optional[Group]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import time
+import zlib
 from typing import Callable, ClassVar, Mapping, NoReturn, Optional, Sequence
 
 import torch
@@ -37,6 +38,9 @@ import torch
 #: Tags at or above this value are reserved for collectives; user send/recv tags
 #: must be below it.  MPI guarantees at least 32767 tags, MPICH gives 2**29 - 1.
 USER_TAG_LIMIT = 1 << 20
+#: Tags from here to ``2**29`` (below MPICH's bound) are ``split``'s arrival handshakes (:func:`members_arrive`);
+#: collectives stay below it.
+SPLIT_TAG = 1 << 28
 
 
 class PeerFailure(Exception):
@@ -203,11 +207,12 @@ class Backend(Transport):
         composes it from something bigger (gloo's reduce_scatter is a whole all_reduce)."""
         return collective
 
-    def split(self, ranks: Sequence[int], key: str) -> Optional["Backend"]:
+    def split(self, ranks: Sequence[int], key: str, deadline: Optional[float] = None) -> Optional["Backend"]:
         """A new communicator over ``ranks`` (ranks of this one, in order).
 
         Every member of *this* communicator calls it with the same ``ranks`` and ``key``;
-        non-members get ``None``.
+        non-members get ``None``.  A member that never comes makes the others raise ``TimeoutError``
+        by ``deadline`` (``time.monotonic()`` seconds; ``None``: the backend's own bound, if any).
         """
         raise NotImplementedError(f"{self.name} backend cannot split")
 
@@ -217,3 +222,24 @@ class Backend(Transport):
         ``abandon``: the group failed (a timeout or a lost peer), so a peer may be unreachable.  A backend
         whose teardown would wait for such a peer must not block: it gives its handles up unreleased.
         """
+
+
+def members_arrive(t: Transport, ranks: Sequence[int], key: str, deadline: Optional[float]) -> None:
+    """Return once every rank in ``ranks`` (ranks of ``t``, this one among them) has called it with ``key``:
+    each sends one byte to the first member and waits for one back, every wait bounded by ``deadline``
+    (``TimeoutError`` past it).  For a backend whose communicator creation itself cannot time out (MPI's)."""
+    tag = SPLIT_TAG + zlib.crc32(key.encode()) % SPLIT_TAG
+    leader, others = ranks[0], list(ranks[1:])
+
+    def left() -> Optional[float]:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    byte = torch.zeros(1, dtype=torch.uint8)
+    if t.rank != leader:
+        t.isend(byte, leader, tag).wait(left())
+        t.irecv(torch.empty(1, dtype=torch.uint8), leader, tag).wait(left())
+        return
+    for p in others:
+        t.irecv(torch.empty(1, dtype=torch.uint8), p, tag).wait(left())
+    for send in [t.isend(byte, p, tag) for p in others]:
+        send.wait(left())

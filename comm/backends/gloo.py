@@ -178,7 +178,7 @@ class GlooBackend(Backend):
         buf = _as_sent(tensor)
         return _posted(self.pg.recv_anysource, [buf], tag, what=("recv from any rank (tag {})", tag))
 
-    def split(self, ranks: Sequence[int], key: str) -> Optional["GlooBackend"]:
+    def split(self, ranks: Sequence[int], key: str, deadline: Optional[float] = None) -> Optional["GlooBackend"]:
         if self.rank not in ranks:
             return None
         store = td.PrefixStore(f"zerocomm/{key}/", self.store)

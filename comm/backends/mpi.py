@@ -56,7 +56,7 @@ import torch
 from ...ops.reduce import finalize_, reduce_
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
-from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request
+from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request, members_arrive
 from .mpi_start import _mpifast, bind_extension  # _mpifast: the optional C hot loop (see the note), or None
 
 #: The phases of a wait (see the note above).
@@ -355,13 +355,13 @@ class MpiBackend(Backend):
         return MpiRequest(self.p2p.Irecv(self._bytes(tensor), source=self.MPI.ANY_SOURCE, tag=tag),
                           f"recv from any rank (tag {tag})", tensor, self._orphans, status=status, receive=True)
 
-    def split(self, ranks: Sequence[int], key: str) -> Optional["MpiBackend"]:
+    def split(self, ranks: Sequence[int], key: str, deadline: Optional[float] = None) -> Optional["MpiBackend"]:
+        if deadline is not None and self.rank in ranks:  # MPI_Comm_create_group waits with no deadline
+            members_arrive(self, list(ranks), key, deadline)
         group = self.comm.Get_group().Incl(list(ranks))
         comm = self.comm.Create_group(group)
         group.Free()
-        if comm == self.MPI.COMM_NULL:
-            return None
-        return MpiBackend(comm)
+        return None if comm == self.MPI.COMM_NULL else MpiBackend(comm)
 
     def close(self, abandon: bool = False) -> None:
         """Settle the requests left behind (see the note), then free the communicators and user ops."""

@@ -108,7 +108,7 @@ class NcclBackend(Backend):
     def user_irecv(self, tensor, peer, tag) -> Request:
         return NcclRequest(self.p2p_pg.recv([tensor], peer, 0), f"recv from rank {peer}", tensor)
 
-    def split(self, ranks: Sequence[int], key: str) -> Optional["NcclBackend"]:
+    def split(self, ranks: Sequence[int], key: str, deadline: Optional[float] = None) -> Optional["NcclBackend"]:
         if self.rank not in ranks:
             return None
         return NcclBackend(td.PrefixStore(f"zerocomm/{key}/", self.store), list(ranks).index(self.rank),

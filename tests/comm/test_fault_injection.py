@@ -16,6 +16,8 @@ within that plus GRACE_S, and every process must exit.
 * Work.wait inside a future callback on a call a stalled rank never makes: a typed error by the deadline;
 * an uncaught exception under mpiexec aborts the job (no hang).
 """
+import time
+
 import pytest
 
 from support.faults import CASE_TIMEOUT_S, GRACE_S, fork_world, mpi_world
@@ -119,6 +121,27 @@ def test_gloo_rank_that_never_joins_init():
         assert kind == "CommTimeoutError" and "init_process_group('gloo')" in message, (rank, message)
         assert r["seconds"] <= BOUND_S, (rank, r)
         assert r["exitcode"] == 0, (rank, r)
+
+
+def _skips_new_group(rank, n):
+    import zerocomm.comm as dist
+    if rank == 2:
+        time.sleep(CASE_TIMEOUT_S + 1.0)  # never calls new_group
+        return "skipped"
+    dist.new_group([0, 1, 2])
+    return "created"
+
+
+@pytest.mark.timeout(60)
+def test_gloo_member_that_never_calls_new_group():
+    # (MPI: tests/comm/test_mpi_faults.py, where MPI's own communicator creation has no deadline at all)
+    results = fork_world(3, _skips_new_group)
+    assert results[2]["answer"] == ("ok", "skipped"), results[2]
+    for rank, r in _survivors(results, {2}):
+        assert r["answer"][0] == "raised", (rank, r)
+        kind, _, message = r["answer"][1]
+        assert kind == "CommTimeoutError" and f"rank {rank}: new_group([0, 1, 2]) timed out" in message, (rank, message)
+        assert r["seconds"] <= BOUND_S, (rank, r)
 
 
 @needs_mpi

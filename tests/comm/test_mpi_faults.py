@@ -168,3 +168,42 @@ def test_a_stale_message_of_a_destroyed_group_is_never_taken_by_the_next(world, 
         # rank 1 may finish: rank 0's own message left before it gave up
         assert seen["old"] in (("CommTimeoutError",) if seen["rank"] == 0 else ("done", "CommTimeoutError")), seen
         assert seen["fresh"] == [3.0] * 8, seen
+
+
+def member_skips_new_group() -> dict:
+    """World of 3 with a 1 s deadline: ranks 0 and 1 create a group of all three; rank 2 never calls
+    new_group.  MPI's own communicator creation would wait for it forever."""
+    from zerocomm.comm.group import WORLD
+    original = WORLD.default.timeout
+    dist.destroy_process_group()
+    dist.init_process_group("mpi", timeout=TIMEOUT)
+    rank = dist.get_rank()
+    seen = {"rank": rank}
+    start = time.monotonic()
+    try:
+        if rank == 2:
+            time.sleep(2.0)
+        else:
+            dist.new_group([0, 1, 2])
+            seen["error"] = None
+    except dist.CommError as error:
+        seen["error"] = (type(error).__name__, str(error))
+    seen["took"] = time.monotonic() - start
+    dist.destroy_process_group()  # every rank: the group count starts again, the same everywhere
+    dist.init_process_group("mpi", timeout=original)
+    again = dist.new_group([0, 1, 2])  # and a new group works
+    fresh = torch.full((4,), float(rank + 1))
+    dist.all_reduce(fresh, group=again)
+    dist.destroy_process_group(again)
+    seen["fresh"] = fresh.tolist()
+    return seen
+
+
+@pytest.mark.parametrize("world", worlds(("mpi",), (3,)), indirect=True)
+def test_a_member_that_never_calls_new_group_times_the_others_out(world):
+    for seen in world.run(member_skips_new_group, timeout=60):
+        if seen["rank"] != 2:
+            name, text = seen["error"]
+            assert name == "CommTimeoutError" and seen["took"] < 1.9, seen
+            assert f"rank {seen['rank']}: new_group([0, 1, 2]) timed out" in text and "not every member" in text, seen
+        assert seen["fresh"] == [6.0] * 4, seen
