@@ -139,19 +139,24 @@ def _make_communicator(backend: str, init_method, timeout, world_size, rank, sto
     return cls(td.PrefixStore("zerocomm/world/", store), rank, world_size, timeout)
 
 
-def _init_failure(error: BaseException, backend: str, rank: int, timeout: datetime.timedelta,
-                  waited_s: float) -> CommError:
-    """A rendezvous or store failure from torch, as zerocomm's type: a timeout or an unreachable peer/store."""
+def _setup_failure(error: BaseException, where: str, timeout: datetime.timedelta, waited_s: float,
+                   missing: str) -> CommError:
+    """A failure while ranks meet (torch's store and connections, MPI's waits) as zerocomm's type: a timeout,
+    saying ``missing``, or an unreachable peer or store.  ``where`` is "rank R: the call"."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    where = f"rank {rank if rank >= 0 else '?'}: init_process_group({backend!r})"
     timed_out = (isinstance(error, TimeoutError) or "timeout" in text.lower() or "timed out" in text.lower()
                  or waited_s >= timeout.total_seconds())
     if timed_out:
         return CommTimeoutError(f"{where} timed out after {waited_s * 1000:.0f} ms (deadline "
-                                f"{timeout.total_seconds() * 1000:.0f} ms): not every rank joined the rendezvous "
-                                f"({text})")
+                                f"{timeout.total_seconds() * 1000:.0f} ms): {missing} ({text})")
     return PeerError(f"{where} failed after {waited_s * 1000:.0f} ms: the store or a peer could not be reached "
                      f"({type(error).__name__}: {text})")
+
+
+def _init_failure(error: BaseException, backend: str, rank: int, timeout: datetime.timedelta,
+                  waited_s: float) -> CommError:
+    return _setup_failure(error, f"rank {rank if rank >= 0 else '?'}: init_process_group({backend!r})", timeout,
+                          waited_s, "not every rank joined the rendezvous")
 
 
 def init_process_group(backend: Optional[str] = None, init_method: Optional[str] = None, timeout=None,
@@ -259,7 +264,8 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     try:
         communicator = world.communicator.split(members, name, deadline=start + world.timeout.total_seconds())
     except (TimeoutError, PeerFailure, RuntimeError, OSError) as error:  # a member that never came, or left
-        raise _new_group_failure(error, world, members, time.monotonic() - start) from None
+        raise _setup_failure(error, f"rank {world.my_global_rank}: new_group({members})", world.timeout,
+                             time.monotonic() - start, "not every member called it") from None
     if communicator is None:
         return NON_GROUP_MEMBER
     from . import topology
@@ -268,17 +274,6 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     WORLD.groups[name] = group
     from .c10d import handle_of  # c10d imports this module's users: a late import
     return handle_of(group)
-
-
-def _new_group_failure(error: BaseException, world: Group, members: List[int], waited_s: float) -> CommError:
-    """What the backend raised while creating a group (MPI's wait, torch's gloo store), as zerocomm's type."""
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    where = (f"rank {world.my_global_rank}: new_group({members})", f"after {waited_s * 1000:.0f} ms (deadline "
-             f"{world.timeout.total_seconds() * 1000:.0f} ms)")
-    if isinstance(error, TimeoutError) or "timeout" in text.lower() or "timed out" in text.lower():
-        return CommTimeoutError(f"{where[0]} timed out {where[1]}: not every member called it; waiting for: {text}")
-    return PeerError(f"{where[0]} failed {where[1]}: a member or the store could not be reached "
-                     f"({type(error).__name__}: {text})")
 
 
 def _group_or_world(group, what: str) -> Optional[Group]:

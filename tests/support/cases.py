@@ -136,16 +136,21 @@ def subgroup_members(world_size: int) -> list[int]:
     return [r for r in range(world_size) if r != 1]
 
 
-_SUBGROUPS: dict = {}  # per process; every rank creates the same subgroups in the same order
+#: Per process, members -> (the default group it was made in, what new_group returned); every rank creates
+#: the same subgroups in the same order.
+_SUBGROUPS: dict = {}
 
 
 def subgroup() -> tuple[tuple, object]:
     """The subgroup's members and what ``new_group`` returned on this rank (on a non-member, torch's
-    ``GroupMember.NON_GROUP_MEMBER``).  Every rank must call it: the first call creates the group."""
+    ``GroupMember.NON_GROUP_MEMBER``).  Every rank must call it: the first call creates the group, and so
+    does the first call after a test made the default group again (its subgroups went with the old one)."""
     members = tuple(subgroup_members(dist.get_world_size()))
-    if members not in _SUBGROUPS:
-        _SUBGROUPS[members] = dist.new_group(list(members))
-    return members, _SUBGROUPS[members]
+    world = dist.group.WORLD
+    made = _SUBGROUPS.get(members)
+    if made is None or made[0] is not world:
+        _SUBGROUPS[members] = made = (world, dist.new_group(list(members)))
+    return members, made[1]
 
 
 def groups() -> list[GroupCase]:
