@@ -227,7 +227,8 @@ class Backend(Transport):
 def members_arrive(t: Transport, ranks: Sequence[int], key: str, deadline: Optional[float]) -> None:
     """Return once every rank in ``ranks`` (ranks of ``t``, this one among them) has called it with ``key``:
     each sends one byte to the first member and waits for one back, every wait bounded by ``deadline``
-    (``TimeoutError`` past it).  For a backend whose communicator creation itself cannot time out (MPI's)."""
+    (``TimeoutError`` past it).  For backends whose communicator creation has no deadline of its own (MPI's)
+    or a looser one (gloo's store)."""
     tag = SPLIT_TAG + zlib.crc32(key.encode()) % SPLIT_TAG
     leader, others = ranks[0], list(ranks[1:])
 

@@ -22,7 +22,7 @@ import torch.distributed as td
 from ...ops.reduce import finalize_
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
-from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request
+from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request, members_arrive
 
 _C = torch._C._distributed_c10d
 
@@ -181,6 +181,8 @@ class GlooBackend(Backend):
     def split(self, ranks: Sequence[int], key: str, deadline: Optional[float] = None) -> Optional["GlooBackend"]:
         if self.rank not in ranks:
             return None
+        if deadline is not None:  # gloo's own rendezvous ends at its store's bound, not at the deadline
+            members_arrive(self, list(ranks), key, deadline)
         store = td.PrefixStore(f"zerocomm/{key}/", self.store)
         return GlooBackend(store, list(ranks).index(self.rank), len(ranks), self.timeout)
 
