@@ -186,13 +186,15 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if config.switch_interval_s > 0:
         sys.setswitchinterval(config.switch_interval_s)
     if communicator.device_type == "cpu" and communicator.size > 1:
-        # Which host each rank is on, learnt once (selection offers "shm" only where all ranks share one);
-        # the tag is below every collective's, and nothing else is in flight yet.
+        # Which host each rank is on, learnt once (selection offers "shm" only where all ranks share one).
+        # Nothing else is in flight yet; the tag is the group's call 0 (its calls start at 1), from the
+        # communicator's origin, so that no message of an earlier world matches it (MPI reuses contexts).
         from . import topology
+        tag, deadline = USER_TAG_LIMIT + communicator.tag_origin, start + timeout.total_seconds()
         try:
-            topology.hosts(communicator, tag=USER_TAG_LIMIT, deadline=start + timeout.total_seconds())
+            topology.hosts(communicator, tag=tag, deadline=deadline)
             if topology.one_host(communicator):  # and whether they can share memory: before "auto" offers "shm"
-                topology.probe_shared_memory(communicator, tag=USER_TAG_LIMIT, deadline=start + timeout.total_seconds())
+                topology.probe_shared_memory(communicator, tag=tag, deadline=deadline)
         except (TimeoutError, PeerFailure) as error:  # a rank that left between connecting and this exchange
             communicator.close(abandon=True)
             raise _init_failure(error, backend, communicator.rank, timeout, time.monotonic() - start) from None
