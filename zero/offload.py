@@ -11,12 +11,16 @@
 [Note: the data movement of ZeRO-Offload]
 For a CUDA model, per bucket and per step: when the bucket's reduction has been waited for (during
 backward for every bucket but the last ``max_inflight_buckets`` under stages 2-3, at the step otherwise),
-``gradient_ready`` copies this rank's reduced gradient elements device -> host into a pinned float32
-buffer on a side stream (one event per bucket), so the copies overlap the rest of backward.  ``step``
-waits for each bucket's event, runs the torch optimizer on the host masters (CPU Adam/AdamW over one flat
-tensor per bucket), and ``write_back`` copies each updated master host -> device into the parameters'
-storage, after which the parameters part all-gathers as usual.  Bytes crossing the bus per step:
-Φ/N gradient elements to the host (float32) and Φ/N parameter elements back (compute dtype).
+``gradient_ready`` copies this rank's reduced gradient elements device -> host on a side stream (one
+event per bucket), so the copies overlap the rest of backward: float32 gradients straight into the pinned
+float32 buffer the master's gradient is, bf16/fp16 ones in their own dtype into a pinned staging buffer,
+widened to float32 on the host in ``set_gradients`` (as ZeRO-Offload moves fp16 gradients: half the bytes
+of a float32 copy; torch's ``copy_(non_blocking=True)`` from a bf16 CUDA tensor into a float32 host one
+would widen on the device and move float32).  ``step`` waits for each bucket's event, runs the torch
+optimizer on the host masters (CPU Adam/AdamW over one flat tensor per bucket), and ``write_back`` copies
+each updated master host -> device into the parameters' storage, after which the parameters part
+all-gathers as usual.  Bytes crossing the bus per step: Φ/N gradient elements to the host and Φ/N
+parameter elements back, both in the compute dtype.
 The counters ``to_host_bytes`` / ``to_device_bytes`` record them, so a test on a CPU-only machine can
 check the movement with the class forced onto CPU tensors.
 """
@@ -81,6 +85,12 @@ class HostOptimizerState(MastersInMemory):
         source = full32 if full32 is not None else param_shards
         self.masters = [nn.Parameter(_host_float32(values, pin)) for values in source]
         self.grads = [torch.empty(m.shape, dtype=torch.float32, pin_memory=pin) for m in self.masters]
+        self._pin = pin
+        #: Per bucket: a pinned buffer of a bf16/fp16 gradient's own dtype that its copy lands in (CUDA only).
+        narrow = cuda and param_shards[0].dtype != torch.float32
+        self._staged: list = [torch.empty(m.shape, dtype=param_shards[0].dtype, pin_memory=pin) if narrow else None
+                              for m in self.masters]
+        self._widen: list = [None] * len(self.masters)  # per bucket: the staged buffer this step's copy went to
         self.optimizer = factory(list(self.masters))
         check_optimizer(self.optimizer, self.masters, rank)
         self._stream = torch.cuda.Stream(self.device) if cuda else None
@@ -95,6 +105,11 @@ class HostOptimizerState(MastersInMemory):
         ``factor`` is applied by ``set_gradients`` on the host copy (the copy may still be in flight here)."""
         host = self.grads[index]
         if self._stream is not None:
+            if grad.dtype != host.dtype:  # move the compute dtype; widen on the host (set_gradients)
+                staged = self._staged[index]
+                if staged is None or staged.dtype != grad.dtype:
+                    staged = self._staged[index] = torch.empty(host.shape, dtype=grad.dtype, pin_memory=self._pin)
+                host = self._widen[index] = staged
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
                 host.copy_(grad, non_blocking=True)
@@ -116,6 +131,8 @@ class HostOptimizerState(MastersInMemory):
             if self._ready[index] is not True:
                 self._ready[index].synchronize()
             host = self.grads[index]
+            if self._widen[index] is not None:
+                host.copy_(self._widen[index])  # bf16/fp16 -> float32 on the host
             if factor != 1.0:
                 host.mul_(factor)
             master.grad = host
@@ -136,6 +153,7 @@ class HostOptimizerState(MastersInMemory):
         for master in self.masters:
             master.grad = None
         self._ready = [None] * len(self.masters)
+        self._widen = [None] * len(self.masters)
 
     def nbytes(self, param_storages: set) -> int:
         """Host bytes of masters, gradient buffers and optimizer state."""
@@ -144,6 +162,7 @@ class HostOptimizerState(MastersInMemory):
     def placement(self) -> dict:
         """Bytes of masters, gradient copies and optimizer state by where they live."""
         total = sum(tensor_bytes(t) for t in self.masters) + sum(tensor_bytes(g) for g in self.grads)
+        total += sum(tensor_bytes(s) for s in self._staged if s is not None)
         total += sum(tensor_bytes(v) for state in self.optimizer.state.values() for v in state.values()
                      if isinstance(v, torch.Tensor))
         return {"device": 0, "host": total, "disk": 0}

@@ -175,8 +175,13 @@ def offload(device) -> list:
             if type(state).__name__ != "HostOptimizerState" or {m.device.type for m in state.masters} != {"cpu"}:
                 failures.append(f"{where}: {type(state).__name__} with masters on {[m.device for m in state.masters]}")
             shard = sum(m.numel() for m in state.masters)
-            if state.to_host_bytes != 4 * shard * STEPS:
-                failures.append(f"{where}: {state.to_host_bytes} bytes to the host, expected {4 * shard * STEPS}")
+            width = 4 if precision == "fp32" else 2  # gradients cross the bus in the compute dtype
+            if state.to_host_bytes != width * shard * STEPS:
+                failures.append(f"{where}: {state.to_host_bytes} bytes to the host, expected {width * shard * STEPS}")
+            staged = [s for s in state._staged if s is not None]
+            if precision != "fp32" and not (staged and all(s.dtype == torch.bfloat16 and s.is_pinned()
+                                                           for s in staged)):
+                failures.append(f"{where}: no pinned bf16 staging buffers {[(s.dtype, s.is_pinned()) for s in staged]}")
             report = optimizer.memory_report()["optimizer_state"]
             if report["device"] or not report["host"]:
                 failures.append(f"{where}: memory report {report}")
