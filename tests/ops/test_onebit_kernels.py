@@ -46,10 +46,11 @@ def _inputs(n, numel, call, dtype, seed=0):
     return [torch.from_numpy(v).to(dtype) for v in values]
 
 
-def simulate(states, inputs):
-    """One compressed all_reduce of ``inputs`` (one per rank) through the codecs; the results."""
+def simulate(states, inputs, copy=True):
+    """One compressed all_reduce of ``inputs`` (one per rank) through the codecs; the results (in ``inputs``
+    themselves with ``copy=False``)."""
     n = len(states)
-    tensors = [x.clone() for x in inputs]
+    tensors = [x.clone() for x in inputs] if copy else inputs
     codecs = [state.worker_step(tensors[r], n, r) for r, state in enumerate(states)]
     for r in range(n):  # all_to_all: rank r's row j goes to rank j, as its row r
         for j in range(n):
@@ -206,6 +207,56 @@ def test_cupy_codec_matches_the_model():
         assert isinstance(states[0]._codec, _CupyCodec)
         states_cpu = [_CpuStateView(s) for s in states]
         _check(states_cpu, model, got, model.call([x.numpy() for x in inputs]), f"cuda call {call}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the cupy codec runs on CUDA tensors)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, numel, offset", [(1, 13, 0), (2, 1, 0), (2, 1027, 1), (3, 100003, 3), (5, 70001, 0),
+                                              (4, 4099, 2), (8, 1000, 0)])
+def test_cupy_codec_edge_cases(n, numel, offset, dtype):
+    """Sizes with padding inside a group of 4 and of 8, empty segments, one rank, float64, and a source that is
+    not 16-byte aligned (``offset`` elements into its storage: the kernel's scalar loads)."""
+    from zerocomm.ops.onebit_cuda import _CupyCodec, cupy_available
+
+    reason = cupy_available()
+    if reason is not None:
+        pytest.skip(reason)
+    work = np.float64 if dtype == torch.float64 else np.float32
+    states = [ErrorFeedback() for _ in range(n)]
+    model = OneBitModel(n, numel, work)
+    for call in range(3):
+        inputs = _inputs(n, numel, call, dtype, seed=13)
+        on_device = [torch.cat([torch.zeros(offset, dtype=dtype), x]).cuda()[offset:] for x in inputs]
+        assert all(t.data_ptr() % 16 == (offset * t.element_size()) % 16 for t in on_device)
+        got = [t.cpu() for t in simulate(states, on_device, copy=False)]
+        assert isinstance(states[0]._codec, _CupyCodec)
+        expected = model.call([x.numpy() for x in inputs])
+        _check([_CpuStateView(s) for s in states], model, got, expected, f"cuda n={n} numel={numel} call {call}")
+
+
+def test_cuda_kernel_source_compiles(tmp_path):
+    """The cupy kernels' source, compiled ahead by nvcc for sm_90 with every template instantiated (where nvcc is
+    installed): a typo shows here instead of on the first GPU that runs it."""
+    import shutil
+    import subprocess
+
+    from zerocomm.ops import onebit_cuda
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed here")
+    instances = []
+    for t in ("float", "double"):
+        instances.append(f"template __global__ void onebit_encode<{t}>({t}*, const {t}*, const unsigned char*, "
+                         f"long long, int, const {t}*, long long, long long, int, unsigned char*, long long, "
+                         f"long long, int, {t}*, double*, unsigned int*);")
+        instances.append(f"template __global__ void onebit_decode<{t}>(const unsigned char*, long long, long long, "
+                         f"int, long long, long long, int, {t}*);")
+    source = tmp_path / "onebit.cu"
+    source.write_text(onebit_cuda._SOURCE + "\n".join(instances) + "\n")
+    done = subprocess.run([nvcc, "-std=c++14", "-arch=sm_90", "-c", str(source), "-o", str(tmp_path / "onebit.o")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
 
 
 class _CpuStateView:
