@@ -123,6 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="B[,B...]",
                         help="run these backends side by side (e.g. gloo,mpi) and print ratios to each "
                              "backend's native and to the first backend's native; replaces --backend")
+    parser.add_argument("--peers", action="store_true",
+                        help="run the same sweep on torch.distributed's own gloo and on MPICH (mpi4py), each "
+                             "in a world of its own, and print their times beside zerocomm's (its default "
+                             "algorithm, auto, unless --algorithms) with the speed-up; needs zerocomm[mpi]")
     add_measure_arguments(parser)
 
 
@@ -135,6 +139,7 @@ class Plan:
     backends: tuple[str, ...]
     world_sizes: tuple[int, ...]
     launched: Optional[launch.Launched]
+    peers: bool = False
 
     @property
     def side_by_side(self) -> bool:
@@ -173,7 +178,10 @@ def plan(args: argparse.Namespace, backends: Optional[list[str]] = None) -> Plan
         raise UsageError(str(exc)) from None
     backends = tuple(backends or [args.backend])
     world_sizes = tuple(args.nprocs or [DEFAULT_NPROCS])
-    algorithms = tuple(args.algorithms) if args.algorithms else default_algorithms(dist)
+    peers = getattr(args, "peers", False)
+    if peers:
+        _check_peers(args, launched)
+    algorithms = tuple(args.algorithms) if args.algorithms else ("auto",) if peers else default_algorithms(dist)
     try:
         check_algorithms(dist, algorithms)
     except ValueError as exc:
@@ -197,6 +205,8 @@ def plan(args: argparse.Namespace, backends: Optional[list[str]] = None) -> Plan
         world_sizes = (launched.world_size,)
     if cfg.root >= min(world_sizes):
         raise UsageError(f"--root {cfg.root} is not a rank of {min(world_sizes)} ranks")
+    if target_name() == "mpi4py":
+        _check_mpi4py_standin(cfg, backends)
     for backend in backends:
         if backend == "mpi" and is_standin(dist) and not dist.is_mpi_available():
             raise UsageError("this torch build has no MPI backend; benchmark zerocomm.comm (unset "
@@ -218,7 +228,39 @@ def plan(args: argparse.Namespace, backends: Optional[list[str]] = None) -> Plan
         require("matplotlib", "--plot", "bench")
     for flag in ("json", "csv", "plot"):
         _check_output(f"--{flag}", getattr(args, flag))
-    return Plan(cfg, dist, backends, world_sizes, launched)
+    return Plan(cfg, dist, backends, world_sizes, launched, peers)
+
+
+def _check_peers(args: argparse.Namespace, launched: Optional[launch.Launched]) -> None:
+    """``--peers`` starts torch's gloo and MPICH worlds of its own, on CPU, beside zerocomm's."""
+    if args.compare:
+        raise UsageError("--peers and --compare both choose what runs beside zerocomm; pass one of them")
+    if launched is not None:
+        raise UsageError(f"--peers starts its own worlds; run it without {launched.launcher}")
+    if target_name() != "zerocomm":
+        raise UsageError(f"--peers measures zerocomm.comm beside its peers; unset {STANDIN_ENV} "
+                         f"(now {target_name()!r})")
+    if args.backend == "nccl" or args.device == "cuda":
+        raise UsageError("--peers runs torch's gloo and MPICH on CPU tensors; pass --backend gloo or mpi "
+                         "and no --device cuda")
+    from .mpi4py_standin import DTYPES
+
+    if args.dtype not in DTYPES:
+        raise UsageError(f"--dtype {args.dtype}: with --peers, MPICH measures {', '.join(DTYPES)}")
+    require("mpi4py", "--peers", "mpi")
+    try:
+        launch.find_mpiexec()
+    except FileNotFoundError as exc:
+        raise UsageError(f"--peers: {exc}") from None
+
+
+def _check_mpi4py_standin(cfg: SweepConfig, backends: tuple[str, ...]) -> None:
+    from .mpi4py_standin import DTYPES
+
+    if backends != ("mpi",):
+        raise UsageError(f"{STANDIN_ENV}=mpi4py runs only --backend mpi, not {','.join(backends)}")
+    if cfg.dtype not in DTYPES:
+        raise UsageError(f"--dtype {cfg.dtype}: the mpi4py stand-in measures {', '.join(DTYPES)}")
 
 
 def child_argv(args: argparse.Namespace, cfg: SweepConfig, backend: str, nprocs: int, *,
@@ -241,7 +283,7 @@ def _metadata(args: argparse.Namespace, cfg: SweepConfig, dist: ModuleType, worl
     import torch
 
     return {
-        "target": "torch.distributed" if is_standin(dist) else "zerocomm.comm",
+        "target": dist.__name__ if is_standin(dist) else "zerocomm.comm",
         "backend": str(dist.get_backend()),
         "world_size": world_size,
         "collectives": list(cfg.collectives),
@@ -324,6 +366,9 @@ def write_report(args: argparse.Namespace, cfg: SweepConfig, rows: list, meta: d
 def run(args: argparse.Namespace) -> int:
     """The ``collectives`` subcommand."""
     checked = plan(args, args.compare)
+    if checked.peers:
+        from . import compare
+        return compare.run_peers(args, checked)
     if checked.side_by_side or args.compare:
         from . import compare
         return compare.run_worlds(args, checked)

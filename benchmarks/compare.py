@@ -13,6 +13,7 @@ one line per backend/algorithm, one panel per (collective, world size).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from tabulate import tabulate
 
 from . import report
 from .options import BACKENDS, choice, list_of, positive_int
+from .target import STANDIN_ENV
 from .units import format_size
 
 HELP = "several backends and world sizes side by side, with ratios (= collectives --compare)"
@@ -50,14 +52,20 @@ def run(args: argparse.Namespace) -> int:
     return run_collectives(args)
 
 
-def run_one(args: argparse.Namespace, checked, backend: str, nprocs: int) -> tuple[int, dict, List[dict]]:
-    """(exit status, metadata, rows) of one world, run as ``zerocomm-bench collectives`` in a subprocess."""
+def run_one(args: argparse.Namespace, checked, backend: str, nprocs: int, *, cfg=None,
+            target: str = "zerocomm") -> tuple[int, dict, List[dict]]:
+    """(exit status, metadata, rows) of one world, run as ``zerocomm-bench collectives`` in a subprocess;
+    ``cfg`` replaces the plan's sweep, ``target`` is the module measured (``target.STANDIN_ENV``)."""
     from .collectives_cli import child_argv
 
+    env = {key: value for key, value in os.environ.items() if key != STANDIN_ENV}
+    if target != "zerocomm":
+        env[STANDIN_ENV] = target
     with tempfile.TemporaryDirectory(prefix="zerocomm-compare-") as folder:
         path = os.path.join(folder, "rows.json")
-        argv = child_argv(args, checked.cfg, backend, nprocs, outputs={"json": path}, progress=False)
-        done = subprocess.run([sys.executable, "-m", "zerocomm.benchmarks", *argv], stdout=subprocess.DEVNULL)
+        argv = child_argv(args, cfg or checked.cfg, backend, nprocs, outputs={"json": path}, progress=False)
+        done = subprocess.run([sys.executable, "-m", "zerocomm.benchmarks", *argv], stdout=subprocess.DEVNULL,
+                              env=env)
         if not os.path.exists(path):
             return done.returncode or 1, {}, []
         with open(path) as handle:
@@ -96,6 +104,68 @@ def run_worlds(args: argparse.Namespace, checked) -> int:
         plot(rows, args.plot)
         print(f"# plot written to {args.plot}", file=sys.stderr)
     return status
+
+
+#: What ``--peers`` runs beside zerocomm: (label, stand-in measured, backend).
+PEERS = (("torch gloo", "torch", "gloo"), ("MPICH", "mpi4py", "mpi"))
+
+
+def run_peers(args: argparse.Namespace, checked) -> int:
+    """zerocomm (the plan's backend and algorithms) and each of ``PEERS`` (their own collectives), one
+    world after another at each world size, then one table of their times side by side."""
+    backend = checked.backends[0]
+    native = dataclasses.replace(checked.cfg, algorithms=("native",))
+    worlds = [(f"zerocomm {backend}", "zerocomm", backend, checked.cfg),
+              *((label, target, peer_backend, native) for label, target, peer_backend in PEERS)]
+    rows: List[dict] = []
+    closing: List[str] = []
+    status = 0
+    for nprocs in checked.world_sizes:
+        for label, target, world_backend, cfg in worlds:
+            print(f"# running {label} at {nprocs} ranks", file=sys.stderr, flush=True)
+            code, meta, world_rows = run_one(args, checked, world_backend, nprocs, cfg=cfg, target=target)
+            if code != 0:
+                print(f"# {label} at {nprocs} ranks failed (exit status {code})", file=sys.stderr, flush=True)
+                status = max(status, 1)
+            for row in world_rows:
+                row["target"] = label
+            rows.extend(world_rows)
+            closing += report.closing_lines([(r["algorithm"], r["busbw"], r["wrong"]) for r in world_rows],
+                                            check=cfg.check, label=f"{label}, {nprocs} ranks")
+    labels = [label for label, *_ in worlds]
+    print("\n".join([f"# zerocomm.comm ({backend}, algorithm {','.join(checked.cfg.algorithms)}) beside "
+                     f"torch.distributed's gloo and MPICH (mpi4py); each world ran alone, one after another",
+                     peers_table(rows, labels), *closing]), flush=True)
+    if args.json:
+        report.write_json_records(args.json, {"peers": labels}, rows)
+    if args.csv:
+        report.write_csv_records(args.csv, rows, (*report.CSV_FIELDS, "target"))
+    if args.plot:
+        plot([{**r, "backend": r["target"]} for r in rows], args.plot)
+        print(f"# plot written to {args.plot}", file=sys.stderr)
+    return status
+
+
+def peers_table(rows: List[dict], labels: List[str]) -> str:
+    """One line per (collective, n, size): each target's time, and each peer's time over zerocomm's first
+    algorithm's (``x``: above 1, zerocomm is faster)."""
+    mine, peers = labels[0], labels[1:]
+    columns = [(mine, a) for a in dict.fromkeys(r["algorithm"] for r in rows if r["target"] == mine)]
+    columns += [(peer, "native") for peer in peers]
+    times: Dict[tuple, Optional[float]] = {(r["collective"], r["world_size"], r["size"], r["target"], r["algorithm"]):
+                                           r["time_us"] for r in rows}
+    keys = sorted({(r["collective"], r["world_size"], r["size"]) for r in rows})
+    body = []
+    for key in keys:
+        cells = [times.get((*key, *column)) for column in columns]
+        own = cells[0]
+        speedups = [f"{t / own:.2f}" if t and own else "-" for t in cells[len(columns) - len(peers):]]
+        body.append([key[0], key[1], format_size(key[2]), *("-" if t is None else f"{t:.1f}" for t in cells),
+                     *speedups])
+    headers = ["collective", "n", "size",
+               *(f"{label} {algorithm} (µs)" if label == mine else f"{label} (µs)" for label, algorithm in columns),
+               *(f"x vs {peer}" for peer in peers)]
+    return tabulate(body, headers=headers, disable_numparse=True)
 
 
 def with_ratios(rows: List[dict], baseline_backend: str) -> List[dict]:

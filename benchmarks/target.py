@@ -1,10 +1,10 @@
 """Which communication module the benchmarks drive, read from the environment in one place.
 
 By default that is ``zerocomm.comm``, through its public, ``torch.distributed``-shaped
-API only.  ``ZEROCOMM_BENCH_STANDIN=torch`` substitutes ``torch.distributed`` itself: a
-baseline to compare against, and what the benchmark ran on before ``zerocomm.comm``
-existed.  torch knows no ``algorithm=`` keyword, so :func:`algorithm_kwargs` leaves it
-out of the stand-in's ``"native"`` calls.
+API only.  ``ZEROCOMM_BENCH_STANDIN=torch`` substitutes ``torch.distributed`` itself, and
+``ZEROCOMM_BENCH_STANDIN=mpi4py`` MPICH's own collectives through mpi4py (``mpi4py_standin``):
+baselines to compare against.  A stand-in knows no ``algorithm=`` keyword, so
+:func:`algorithm_kwargs` leaves it out of the stand-in's ``"native"`` calls.
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from typing import Mapping, Optional
 
 #: Environment variable that selects the module under measurement.
 STANDIN_ENV = "ZEROCOMM_BENCH_STANDIN"
-_CHOICES = ("zerocomm", "torch")
+_CHOICES = ("zerocomm", "torch", "mpi4py")
 
 
 def target_name(environ: Optional[Mapping[str, str]] = None) -> str:
-    """``"zerocomm"`` or ``"torch"``, from ``ZEROCOMM_BENCH_STANDIN`` (unset or empty = zerocomm)."""
+    """``"zerocomm"``, ``"torch"`` or ``"mpi4py"``, from ``ZEROCOMM_BENCH_STANDIN`` (unset or empty = zerocomm)."""
     environ = os.environ if environ is None else environ
     name = environ.get(STANDIN_ENV, "").strip().lower() or "zerocomm"
     if name not in _CHOICES:
@@ -29,11 +29,15 @@ def target_name(environ: Optional[Mapping[str, str]] = None) -> str:
 
 
 def comm_module() -> ModuleType:
-    """The module whose collectives are measured (``zerocomm.comm`` or ``torch.distributed``)."""
+    """The module whose collectives are measured (``zerocomm.comm``, ``torch.distributed`` or MPICH's)."""
     if target_name() == "torch":
         import torch.distributed as dist
 
         return dist
+    if target_name() == "mpi4py":
+        from . import mpi4py_standin
+
+        return mpi4py_standin
     from .. import comm
 
     if not hasattr(comm, "init_process_group"):
@@ -43,12 +47,12 @@ def comm_module() -> ModuleType:
 
 
 def is_standin(dist: ModuleType) -> bool:
-    """True when ``dist`` is torch.distributed rather than zerocomm.comm."""
-    return dist.__name__ == "torch.distributed"
+    """True when ``dist`` is a stand-in (torch.distributed, mpi4py) rather than zerocomm.comm."""
+    return dist.__name__ != __package__.rsplit(".", 1)[0] + ".comm"
 
 
 def default_algorithms(dist: ModuleType) -> tuple[str, ...]:
-    """Algorithms a run compares when ``--algorithms`` is not given: torch has only its own."""
+    """Algorithms a run compares when ``--algorithms`` is not given: a stand-in has only its own."""
     return ("native",) if is_standin(dist) else ("native", "ring", "tree")
 
 
@@ -82,8 +86,8 @@ def check_algorithms(dist: ModuleType, names) -> None:
     if is_standin(dist):
         bad = [name for name in names if name != "native"]
         if bad:
-            raise ValueError(f"unknown algorithm(s) {', '.join(map(repr, bad))} on the torch stand-in "
-                             f"({STANDIN_ENV}=torch); expected native")
+            raise ValueError(f"unknown algorithm(s) {', '.join(map(repr, bad))} on the {target_name()} stand-in "
+                             f"({STANDIN_ENV}={target_name()}); expected native")
         return
     config = dist.configure()
     complaints = []
