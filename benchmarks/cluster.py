@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional, Sequence
 
 from .options import UsageError, list_of, positive_int
@@ -119,6 +120,7 @@ def remove_stale() -> list[str]:
         match = _STALE.match(name)
         if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
             _delete_namespace(name)
+            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
             removed.append(name)
     return removed
 
@@ -145,6 +147,7 @@ class Cluster:
     rate_bits: int
     prefix: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}")
     made: list = field(default_factory=list)
+    made_files: list = field(default_factory=list)
 
     def host_ns(self, i: int) -> str:
         return f"{self.prefix}h{i}"
@@ -173,6 +176,17 @@ class Cluster:
             _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
             _sh(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", *shape])  # out of the host
             _sh(["tc", "-n", bridge, "qdisc", "add", "dev", port, *shape])  # into the host
+        self._write_hosts_files()
+
+    def _write_hosts_files(self) -> None:
+        """``/etc/netns/<ns>/hosts`` for every host: ``ip netns exec`` mounts it over ``/etc/hosts``, so each
+        host resolves every host's name to its address (torchrun's rendezvous passes names around)."""
+        lines = ["127.0.0.1 localhost"] + [f"{self.address(i)} {self.hostname(i)}" for i in range(self.hosts)]
+        for i in range(self.hosts):
+            folder = Path("/etc/netns") / self.host_ns(i)
+            folder.mkdir(parents=True, exist_ok=True)
+            self.made_files.append(folder)
+            (folder / "hosts").write_text("\n".join(lines) + "\n")
 
     def set_link(self, i: int, up: bool) -> None:
         """Bring host ``i``'s link down (or up again) at the bridge's end, as a pulled cable would: the
@@ -187,6 +201,9 @@ class Cluster:
         for name in reversed(self.made):
             _delete_namespace(name)
         self.made.clear()
+        for folder in self.made_files:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.made_files.clear()
 
 
 class _Interrupted(BaseException):

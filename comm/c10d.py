@@ -36,6 +36,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import time
 from typing import List, Optional
 
 import torch
@@ -44,7 +45,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from . import api, compat, p2p
 from .errors import InvalidArgumentError, UnsupportedError
-from .group import Group
+from .group import WORLD, Group
 from .work import Work
 
 BACKEND_NAME = "zerocomm"
@@ -90,9 +91,54 @@ def _mpi_communicator(store, rank: int, size: int, name: str):
     return communicator
 
 
+#: While :func:`make_torch_default` runs: the zerocomm world that torch's default group is to stand for.
+_adopting: Optional[Group] = None
+#: The zerocomm world whose ``init_process_group`` made torch's default group (see :func:`make_torch_default`).
+_owner: Optional[Group] = None
+
+
+def make_torch_default(world: Group, store) -> bool:
+    """Make torch's default process group stand for zerocomm's ``world`` (no new connection), so that
+    ``torch.distributed.get_rank()``, ``DistributedSampler`` and torch's own collectives see the same ranks and
+    run through zerocomm.  Called by ``zerocomm.comm.init_process_group`` on every rank.
+
+    A program that initialized torch's default group itself keeps it: this then changes nothing and returns
+    False.  ``store`` becomes torch's default store (torch's ``new_group`` and libraries read it).
+    """
+    global _adopting, _owner
+    if td.is_initialized():
+        return False
+    register()
+    _adopting = world
+    try:
+        td.init_process_group(BACKEND_NAME, store=store, rank=world.rank, world_size=world.size(),
+                              timeout=world.timeout)
+    finally:
+        _adopting = None
+    _owner = world
+    return True
+
+
+def release_torch_default() -> None:
+    """End torch's default group if :func:`make_torch_default` made it (``destroy_process_group``)."""
+    global _owner
+    if _owner is not None:
+        _owner = None
+        if td.is_initialized():
+            td.destroy_process_group()
+
+
 def create(dist_backend_opts, pg_options) -> "ZerocommProcessGroup":
-    """torch's creator (``extended_api=True``): a ``ZerocommProcessGroup`` over the group's ranks."""
+    """torch's creator (``extended_api=True``): a ``ZerocommProcessGroup`` over the group's ranks.
+
+    torch's default group made by :func:`make_torch_default` is the zerocomm world itself; a group torch's
+    ``new_group`` makes under it is split from that world's communicator (members only, as torch calls this
+    only on members).  Otherwise a new communicator meets through torch's store."""
     options = pg_options if isinstance(pg_options, Options) else Options()
+    if _adopting is not None:
+        return handle_of(_adopting)
+    if _owner is not None and _owner.communicator is not None:
+        return _split_of_owner(dist_backend_opts, options)
     transport = options.transport or os.environ.get("ZEROCOMM_TRANSPORT", "gloo").lower()
     if transport not in TRANSPORTS:
         raise InvalidArgumentError(f"zerocomm c10d backend: ZEROCOMM_TRANSPORT must be one of {TRANSPORTS}, "
@@ -109,6 +155,22 @@ def create(dist_backend_opts, pg_options) -> "ZerocommProcessGroup":
     ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(size))
     group = Group(ranks, rank, communicator, timeout, transport, name)
     group.handle = ZerocommProcessGroup(group, options.algorithm, str(dist_backend_opts.group_id))
+    return group.handle
+
+
+def _split_of_owner(dist_backend_opts, options: Options) -> "ZerocommProcessGroup":
+    """torch's ``new_group`` under a default group that is a zerocomm world: a zerocomm group of the same
+    members, split from the world's communicator, on the world's transport."""
+    world = _owner
+    ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(world.size()))
+    name = f"c10d-{dist_backend_opts.group_id}"
+    timeout = dist_backend_opts.timeout
+    communicator = world.communicator.split(ranks, name, deadline=time.monotonic() + timeout.total_seconds())
+    from . import topology
+    topology.inherit(communicator, world.communicator, ranks)
+    group = Group(ranks, dist_backend_opts.group_rank, communicator, timeout, world.backend, name)
+    group.handle = ZerocommProcessGroup(group, options.algorithm, str(dist_backend_opts.group_id))
+    WORLD.groups[name] = group  # destroy_process_group() closes it with the world's other groups
     return group.handle
 
 

@@ -17,6 +17,8 @@ Environment variables:
     ZEROCOMM_PROFILE        a path: record every collective from init to destroy and write
                             ``PATH.rankN.json`` and ``PATH.rankN.trace.json`` (Chrome trace).
     ZEROCOMM_MAX_QUEUED     calls a group may have queued behind the running one before a caller waits.
+    ZEROCOMM_TORCH_DEFAULT_GROUP  "0": ``init_process_group`` leaves torch's default process group alone
+                            (by default it makes it stand for zerocomm's world).
 
 ``init_process_group`` reads them (through :meth:`CommConfig.from_env`, the one place that
 does); ``configure`` changes the live configuration; ``destroy_process_group`` drops it.
@@ -55,6 +57,11 @@ class CommConfig:
     """If positive, applied with ``sys.setswitchinterval`` at init (0: leave the interpreter's default)."""
     profile_path: str = ""
     """If set, the profiler records from init to destroy and writes its files with this prefix."""
+    torch_default_group: bool = True
+    """``init_process_group`` also makes torch's default process group stand for zerocomm's world (on the
+    "zerocomm" c10d backend), so ``torch.distributed.get_rank()``, ``DistributedSampler`` and torch's own
+    collectives see the same ranks.  A program that initialized torch's default group first keeps its own.
+    ``ZEROCOMM_TORCH_DEFAULT_GROUP=0`` leaves torch's default group alone."""
     max_queued: int = 1024
     """Calls a group may hold queued behind the running one; the next caller waits (back-pressure), within
     its deadline.  Large enough for ZeRO's bucketed reductions, small enough to bound what queued calls pin."""
@@ -105,4 +112,5 @@ _VARIABLES = (
     ("ZEROCOMM_PROFILE", "profile_path", str),
     ("ZEROCOMM_SWITCH_INTERVAL", "switch_interval_s", float),
     ("ZEROCOMM_MAX_QUEUED", "max_queued", int),
+    ("ZEROCOMM_TORCH_DEFAULT_GROUP", "torch_default_group", _flag),
 )

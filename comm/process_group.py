@@ -3,7 +3,14 @@
 Backends: ``gloo`` (CPU, torch's gloo; rendezvous through torch's ``init_method``
 or ``store``), ``mpi`` (CPU, mpi4py; ranks from the MPI launcher) and ``nccl``
 (CUDA).  ``backend=None`` takes ``mpi`` when the process was started by an MPI
-launcher without torch's ``RANK`` variable, else ``gloo``.
+launcher without torch's ``RANK`` variable, else ``nccl`` where every local rank has a GPU
+of its own, else ``gloo``.
+
+Rendezvous as torch's: ``env://`` (the default), ``tcp://``, ``file://``, a ``store``, or the MPI
+launcher.  Under torchrun (torch 2.x) the agent already serves the job's TCPStore on
+``MASTER_PORT`` (``TORCHELASTIC_USE_AGENT_STORE``): every rank connects as a client, under a key
+prefix of its restart attempt.  After init, torch's own default group stands for zerocomm's
+world (``c10d.make_torch_default``), so torch's API and the libraries on it see the same ranks.
 
 Init has a deadline like every other blocking call (``timeout``, else ``ZEROCOMM_TIMEOUT``,
 else five minutes): a rank that never joins makes the others raise ``CommTimeoutError``
@@ -53,6 +60,19 @@ def _launched_by_mpi() -> bool:
     return "RANK" not in os.environ and _started_by_mpi_launcher()
 
 
+def _default_backend() -> str:
+    """The backend of ``init_process_group()`` without one: "mpi" under an MPI launcher (no torch ``RANK``);
+    else "nccl" where CUDA gives every local rank a GPU of its own (torch's "cuda:nccl"), else "gloo".
+    Several local ranks sharing one GPU take gloo, as NCCL refuses two ranks on one device."""
+    if _launched_by_mpi():
+        return "mpi"
+    if torch.cuda.is_available():
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        if torch.cuda.device_count() >= local_ranks:
+            return "nccl"
+    return "gloo"
+
+
 def _group_timeout(timeout, what: str) -> datetime.timedelta:
     """A group's deadline: ``timeout`` (timedelta or seconds, > 0), else the configuration's default."""
     if timeout is None:
@@ -83,9 +103,22 @@ def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: dateti
     return td.TCPStore(host, port, world_size, True, timeout, master_listen_fd=listener.detach())
 
 
+def _launched_by_torchelastic_agent() -> bool:
+    """Whether torchrun's agent hosts the job's TCPStore on ``MASTER_ADDR:MASTER_PORT`` (torch 2.x's default):
+    then every rank, rank 0 included, connects to it as a client."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _agent_store(host: str, port: int, world_size: int, timeout: datetime.timedelta):
+    """A client of torchrun's agent store, its keys under this restart attempt's prefix: the agent's store
+    outlives a worker group, so a restarted group must not read the keys its predecessor left."""
+    client = td.TCPStore(host, port, world_size, False, timeout)
+    return td.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
+
+
 def _rendezvous(init_method: str, rank: int, world_size: int, timeout: datetime.timedelta):
-    """``(store, rank, world_size)`` for ``init_method``: env:// and tcp:// through :func:`_tcp_store`, the rest
-    (file://) through torch's rendezvous."""
+    """``(store, rank, world_size)`` for ``init_method``: env:// and tcp:// through :func:`_tcp_store` (or, under
+    torchrun, the agent's store), the rest (file://) through torch's rendezvous."""
     url = urllib.parse.urlparse(init_method)
     if url.scheme not in ("env", "tcp"):
         store, rank, world_size = next(td.rendezvous(init_method, rank, world_size, timeout=timeout))
@@ -107,6 +140,8 @@ def _rendezvous(init_method: str, rank: int, world_size: int, timeout: datetime.
         raise InvalidArgumentError(f"init_process_group: {init_method!r} with rank {rank} and world_size "
                                    f"{world_size}: rank, world_size, a host and a port must be known (arguments, "
                                    "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or ?rank=&world_size= in the URL)")
+    if url.scheme == "env" and _launched_by_torchelastic_agent():
+        return _agent_store(host, port, world_size, timeout), rank, world_size
     return _tcp_store(host, port, rank, world_size, timeout), rank, world_size
 
 
@@ -166,9 +201,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if WORLD.default is not None:
         raise InvalidArgumentError("init_process_group: the default process group is already initialized; "
                                    "call destroy_process_group() first")
-    if backend is None:
-        backend = "mpi" if _launched_by_mpi() else "gloo"
-    backend = str(backend).lower()
+    backend = _default_backend() if backend is None else str(backend).lower()
     config = CommConfig.from_env()  # before any rendezvous: a bad variable fails at once, naming itself
     timeout = (datetime.timedelta(seconds=config.timeout_s) if timeout is None
                else _group_timeout(timeout, "init_process_group"))
@@ -200,9 +233,26 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
             raise _init_failure(error, backend, communicator.rank, timeout, time.monotonic() - start) from None
     WORLD.default = Group(list(range(communicator.size)), communicator.rank, communicator, timeout, backend, "world")
     WORLD.groups["world"] = WORLD.default
+    if config.torch_default_group:
+        _make_torch_default(WORLD.default, communicator, timeout)
     if WORLD.config.profile_path:
         from .profiler import Profiler
         WORLD.observers.append(Profiler())
+
+
+def _make_torch_default(world: Group, communicator, timeout: datetime.timedelta) -> None:
+    """torch's default group becomes ``world`` (``c10d.make_torch_default``), its store the world's: the one
+    the ranks met through, or for MPI one served by rank 0."""
+    from . import c10d  # c10d imports the modules above this one: a late import
+    store = getattr(communicator, "store", None)
+    if store is None:
+        from . import topology
+        from .backends.mpi_start import shared_store
+        store = shared_store(communicator.comm, topology.one_host(communicator), timeout)
+    try:
+        c10d.make_torch_default(world, store)
+    except (RuntimeError, OSError, td.DistError) as error:
+        raise _init_failure(error, world.backend, world.rank, timeout, 0.0) from error
 
 
 def _write_env_profiles() -> None:
@@ -232,6 +282,8 @@ def destroy_process_group(group=None) -> None:
     """Destroy ``group``, or every group and the default one when ``group`` is None."""
     if group is None:
         _write_env_profiles()
+        from . import c10d
+        c10d.release_torch_default()
         WORLD.reset()
         return
     g = getattr(group, "zerocomm_group", group)  # the handle new_group returned, or the group

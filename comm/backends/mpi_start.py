@@ -140,3 +140,18 @@ def _install_abort_hook() -> None:
 
     abort_on_uncaught.zerocomm_mpi_abort = True
     sys.excepthook = abort_on_uncaught
+
+
+def shared_store(comm, one_host: bool, timeout):
+    """A TCPStore that every rank of ``comm`` (an mpi4py communicator) reaches: rank 0 serves it on a free port
+    (on loopback when every rank is on its host), the address travels by ``MPI_Bcast``.  torch's default
+    group, made over an MPI world, keeps it as its store (torch's ``new_group`` and libraries read it)."""
+    import socket
+    import torch.distributed as td
+    if comm.Get_rank() == 0:
+        host = "127.0.0.1" if one_host else socket.getfqdn()
+        store = td.TCPStore(host, 0, comm.Get_size(), True, timeout, wait_for_workers=False)
+        comm.bcast((host, store.port), root=0)
+        return store
+    host, port = comm.bcast(None, root=0)
+    return td.TCPStore(host, port, comm.Get_size(), False, timeout)

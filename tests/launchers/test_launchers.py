@@ -1,0 +1,147 @@
+"""Ranks started exactly as users start them: torchrun (standalone, and across two simulated hosts with
+the c10d rendezvous), ``python -m torch.distributed.run``, mpiexec, and torchrun's elastic restart.
+
+Each test runs real launcher processes (no forked pool): a launcher's environment (torchrun's agent
+store, its restart counter, MPI's variables) is what is under test.  Each launch has a deadline and is
+killed with its whole process group when it passes it.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).parent / "scripts"
+README = Path(__file__).parents[2] / "README.md"
+BIN = Path(sys.executable).parent
+LAUNCH_TIMEOUT_S = 180
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.skip(f"{name} is not installed next to this Python ({BIN}); the README's set-up installs it")
+    return str(path)
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEROCOMM_", "TORCHELASTIC_", "PMI_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _launch(command: list, cwd: Path, timeout: float = LAUNCH_TIMEOUT_S, env=None) -> subprocess.CompletedProcess:
+    """Run a launcher in its own session; on the deadline kill all it started and fail, showing its output."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(command)} did not finish within {timeout} s:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, None)
+
+
+def _reports(done: subprocess.CompletedProcess, folder: Path, ranks: int) -> list:
+    """Every rank's ``report-RANK.json`` from ``folder``, in rank order."""
+    assert done.returncode == 0, f"{' '.join(done.args)} exited {done.returncode}:\n{done.stdout[-4000:]}"
+    found = [json.loads(path.read_text()) for path in sorted(folder.glob("report-*.json"))]
+    assert sorted(r["rank"] for r in found) == list(range(ranks)), done.stdout[-4000:]
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def readme_example() -> str:
+    """The README's example script, verbatim (the python block under "The API in one example")."""
+    text = README.read_text()
+    section = text.split("## The API in one example", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def _expected_line(backend: str, n: int) -> str:
+    # all_reduce SUM of each rank's value, then AVG of n equal values; all_gather of [2r, 2r + 1].
+    total = float(sum(range(n)))
+    return f"{backend} {[total] * 4} {[float(i) for i in range(2 * n)]}"
+
+
+LAUNCHERS = {
+    "torchrun": lambda n: [_tool("torchrun"), "--standalone", "--nproc-per-node", str(n)],
+    "torch.distributed.run": lambda n: [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                        "--nproc-per-node", str(n)],
+    "mpiexec": lambda n: [_tool("mpiexec"), "-n", str(n), sys.executable],
+}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_readme_example_runs_under_the_launcher(launcher, tmp_path):
+    n = 4
+    (tmp_path / "script.py").write_text(readme_example())
+    done = _launch(LAUNCHERS[launcher](n) + ["script.py"], tmp_path)
+    assert done.returncode == 0, done.stdout[-4000:]
+    backend = "mpi" if launcher == "mpiexec" else "gloo"
+    printed = [line.strip() for line in done.stdout.splitlines() if line.startswith(backend + " [")]
+    assert printed == [_expected_line(backend, n)], done.stdout[-4000:]
+
+
+def _sampler_indices(length: int, n: int, rank: int) -> list:
+    """DistributedSampler's indices without shuffling: the dataset padded with its own head to a multiple
+    of n, then every n-th index from ``rank``."""
+    padded = list(range(length))
+    padded += padded[: -length % n]
+    return padded[rank::n]
+
+
+def _check_default_group(reports: list, n: int, backend: str) -> None:
+    total = float(sum(range(1, n + 1)))
+    for r in reports:
+        assert (r["size"], r["zerocomm_backend"]) == (n, backend), r
+        assert (r["torch_rank"], r["torch_size"], r["torch_backend"]) == (r["rank"], n, "zerocomm"), r
+        assert r["sampler"] == _sampler_indices(10, n, r["rank"]), r
+        assert r["torch_sum"] == total and r["zerocomm_sum"] == total, r
+        if r["rank"] in (0, n - 1):
+            assert r["ends_sum"] == (1.0 + n if n > 1 else 1.0), r
+        assert r["gathered"] == [10 * i for i in range(n)], r
+        assert r["initialized_after_destroy"] == [False, False], r
+
+
+@pytest.mark.parametrize("launcher,n", [("torchrun", 3), ("mpiexec", 3), ("torchrun", 1)])
+def test_torch_default_group_is_zerocomms_world(launcher, n, tmp_path):
+    """After zerocomm's init, torch's API (ranks, DistributedSampler, collectives, new_group, object
+    collectives) sees zerocomm's world; destroy_process_group ends both."""
+    done = _launch(LAUNCHERS[launcher](n) + [str(SCRIPTS / "default_group.py")], tmp_path)
+    _check_default_group(_reports(done, tmp_path, n), n, "mpi" if launcher == "mpiexec" else "gloo")
+
+
+def test_a_program_that_initialized_torch_first_keeps_its_group(tmp_path):
+    done = _launch(LAUNCHERS["torchrun"](2) + [str(SCRIPTS / "torch_first.py")], tmp_path)
+    for r in _reports(done, tmp_path, 2):
+        assert r == {"rank": r["rank"], "torch_backend": "gloo", "torch_sum": 2.0, "zerocomm_sum": 2.0,
+                     "torch_initialized_after_zerocomm_destroy": True}
+
+
+def _params(path: Path) -> dict:
+    return torch.load(path)
+
+
+def test_elastic_restart_resumes_bit_for_bit(tmp_path):
+    """A rank dies mid-run; torchrun restarts the worker group once; the new attempt resumes from the
+    checkpoint root's ``latest``. Its final parameters equal an uninterrupted run's exactly."""
+    steps, die_at = 7, 5
+    whole = _launch(LAUNCHERS["torchrun"](2) + [str(SCRIPTS / "elastic_train.py"), str(tmp_path / "ckpt-whole"),
+                                                str(tmp_path / "whole.pt"), str(steps), "-1"], tmp_path)
+    assert whole.returncode == 0, whole.stdout[-4000:]
+    restarted = _launch([_tool("torchrun"), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                         str(SCRIPTS / "elastic_train.py"), str(tmp_path / "ckpt-restarted"),
+                         str(tmp_path / "restarted.pt"), str(steps), str(die_at)], tmp_path)
+    assert restarted.returncode == 0, restarted.stdout[-4000:]
+    out = restarted.stdout
+    assert "rank 1 attempt 0 starts at step 0" in out and "rank 1 attempt 1 starts at step 4" in out, out[-4000:]
+    a, b = _params(tmp_path / "whole.pt"), _params(tmp_path / "restarted.pt")
+    assert a.keys() == b.keys()
+    largest = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert largest == 0.0, f"largest parameter difference after the restart: {largest}"
