@@ -36,6 +36,7 @@ COMMANDS = {
     "check-cost": "check_cost",
     "shm": "shm_bench",
     "cluster": "cluster",
+    "gpu": "gpu",
 }
 DEFAULT_COMMAND = next(iter(COMMANDS))
 
