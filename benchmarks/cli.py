@@ -3,14 +3,15 @@
 A subcommand is a module of this package with
 
 * ``HELP``: one line for ``zerocomm-bench --help``;
+* ``DESCRIPTION``: what ``zerocomm-bench COMMAND --help`` says above the options, written for users
+  (the module's docstring is for readers of the code);
 * ``add_arguments(parser)``: its options, on the subparser (multi-value flags take comma-separated
   values, see ``options``);
 * ``run(args) -> int``: the work, returning the exit status; it raises ``options.UsageError``
   naming the flag or variable for a bad value, before starting any rank.  ``args.argv`` holds the
-  subcommand's own command line (for re-running it under ``mpiexec``);
+  subcommand's own command line (for re-running it under ``mpiexec``).
 
-or, with ``PASSTHROUGH = True``, ``main(argv) -> int`` parsing its own options.  Adding one is a
-module plus a line in ``COMMANDS``.  A command line that does not start with a subcommand's name
+Adding one is a module plus a line in ``COMMANDS``.  A command line that does not start with a subcommand's name
 runs ``collectives``, so ``zerocomm-bench -b 8 -e 64M -f 2`` works as in nccl-tests.
 """
 from __future__ import annotations
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zerocomm-bench",
         description="Benchmarks of zerocomm.comm with nccl-tests' conventions (S, algbw, busbw; averaged "
-                    "back-to-back calls; the maximum over ranks).",
+                    "back-to-back calls; the maximum over ranks).  'zerocomm-bench --peers' puts zerocomm's default "
+                    "algorithm beside torch's gloo and MPICH.",
         epilog=f"Without a COMMAND, '{DEFAULT_COMMAND}' runs: 'zerocomm-bench -b 8 -e 64M -f 2' is "
                f"'zerocomm-bench {DEFAULT_COMMAND} -b 8 -e 64M -f 2'.  'zerocomm-bench COMMAND --help' lists a "
                "command's options; lists of values are comma-separated (--nprocs 2,4).")
@@ -64,9 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name in COMMANDS:
         module = command_module(name)
-        passthrough = getattr(module, "PASSTHROUGH", False)
-        sub = commands.add_parser(name, help=module.HELP, description=(module.__doc__ or module.HELP).strip(),
-                                  formatter_class=argparse.RawDescriptionHelpFormatter, add_help=not passthrough)
+        sub = commands.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
     return parser
 
@@ -81,9 +82,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version")):
         argv = [DEFAULT_COMMAND, *argv]
-    name = argv[0] if argv[0] in COMMANDS else None
-    if name is not None and getattr(command_module(name), "PASSTHROUGH", False):
-        return command_module(name).main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv[1:]

@@ -31,6 +31,27 @@ from .units import COLLECTIVES, canonical_collective, parse_size, size_sweep
 
 HELP = "collective microbenchmark with nccl-tests' conventions and flags (the default)"
 
+DESCRIPTION = """\
+Times every collective at every size with each algorithm, on local ranks it starts itself (or on
+the ranks of torchrun / mpiexec), and prints one row per (collective, size, algorithm):
+
+  size          S, the whole buffer as nccl-tests counts it (all_gather: the gathered output)
+  time (µs)     one call, averaged over -n back-to-back calls after -w warm-up calls; the slowest rank
+  algbw, busbw  S / time, and busbw = algbw x the collective's factor (GB/s), comparable with a link
+  #wrong        elements that differ from a numpy reference (-c 1, the default)
+
+It ends with nccl-tests' lines "# Out of bounds values : 0 OK" and "# Avg bus bandwidth : X".
+
+Examples:
+  zerocomm-bench --nprocs 4 --peers --ops all_reduce,all_gather,reduce_scatter
+  zerocomm-bench --nprocs 2 --ops all_reduce -b 8 -e 64M -f 2 -n 20 -w 5 -c 1
+  zerocomm-bench --compare gloo,mpi --nprocs 2,4 --algorithms native,ring
+  mpiexec -n 4 zerocomm-bench --backend mpi
+
+Lists are comma-separated (--nprocs 2,4).  Exit status: 0; 1 when a rank failed or a result was
+wrong; 2 for a bad argument or ZEROCOMM_* value, refused before any rank starts.
+"""
+
 DEFAULT_NPROCS = 4
 # A short sweep (8 B to 16 MiB in 8 steps): the README's command, 4 ranks and three algorithms,
 # finishes in well under a minute on 2 cores.
@@ -58,8 +79,8 @@ def _collective(text: str) -> str:
 
 def add_world_arguments(parser: argparse.ArgumentParser) -> None:
     """Which ranks run: the options ``collectives`` and ``compare`` share besides the measurement's."""
-    parser.add_argument("--backend", default="gloo", type=choice(BACKENDS, "backend"),
-                        help="communication backend (default: gloo)")
+    parser.add_argument("--backend", default="gloo", type=choice(BACKENDS, "backend"), metavar="BACKEND",
+                        help=f"communication backend: {', '.join(BACKENDS)} (default: gloo)")
     parser.add_argument("--nprocs", type=list_of(positive_int, "world size"), default=None, metavar="N[,N...]",
                         help=f"ranks to start locally (default: {DEFAULT_NPROCS}); several (2,4) run one world "
                              "each, side by side")
@@ -72,8 +93,8 @@ def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
                         help="collectives (default: all eight); torch's tensor-form names such as "
                              "all_gather_into_tensor are accepted")
     parser.add_argument("--algorithms", type=list_of(str, "algorithm"), default=None, metavar="ALG[,ALG...]",
-                        help="algorithms compared side by side, e.g. native,ring,tree,auto (default: native,ring,tree "
-                             "on zerocomm, native on the torch stand-in)")
+                        help="algorithms compared side by side: auto, native, ring, tree, recursive_doubling, shm, "
+                             "hierarchical (default: native,ring,tree; auto with --peers)")
     sizes = parser.add_argument_group("sizes (S, nccl-tests' definition; K/M/G are binary, KB/MB/GB decimal)")
     sizes.add_argument("--sizes", default=None, metavar="SPEC",
                        help=f"ranges lo:hi and single sizes, comma-separated (default: {DEFAULT_SIZES}); "
@@ -98,15 +119,15 @@ def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: float32)")
     parser.add_argument("-o", "--op", default="sum", type=choice(REDUCE_OPS, "reduce op", NCCL_OP_NAMES),
                         metavar="OP", help=f"reduction op: {', '.join(REDUCE_OPS)} (default: sum)")
-    parser.add_argument("-r", "--root", type=non_negative_int, default=0,
+    parser.add_argument("-r", "--root", type=non_negative_int, default=0, metavar="RANK",
                         help="root rank of rooted collectives (default: 0)")
     parser.add_argument("--in-place", action="store_true",
                         help="all_gather into / reduce_scatter out of this rank's chunk of the big buffer")
-    parser.add_argument("--device", default=None, type=choice(("cpu", "cuda"), "device"),
+    parser.add_argument("--device", default=None, type=choice(("cpu", "cuda"), "device"), metavar="{cpu,cuda}",
                         help="buffer device (default: cuda for nccl, else cpu)")
-    parser.add_argument("--threads", type=positive_int, default=1,
+    parser.add_argument("--threads", type=positive_int, default=1, metavar="N",
                         help="torch intra-op threads per rank (default: 1, as ranks share the cores)")
-    parser.add_argument("--timeout", type=positive_float, default=300.0,
+    parser.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
                         help="process group timeout in seconds (default: 300)")
     out = parser.add_argument_group("output (rank 0)")
     out.add_argument("--json", metavar="PATH", help="write metadata and rows as JSON")
@@ -117,11 +138,12 @@ def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("Under torchrun or mpiexec the launcher's ranks are used and --nprocs is ignored. "
-                     f"{STANDIN_ENV}=torch measures torch.distributed instead of zerocomm.comm.")
+                     f"{STANDIN_ENV}=torch measures torch.distributed instead of zerocomm.comm "
+                     f"({STANDIN_ENV}=mpi4py: MPICH, with --backend mpi).")
     add_world_arguments(parser)
     parser.add_argument("--compare", type=list_of(choice(BACKENDS, "backend"), "backend"), default=None,
                         metavar="B[,B...]",
-                        help="run these backends side by side (e.g. gloo,mpi) and print ratios to each "
+                        help=f"run these backends ({', '.join(BACKENDS)}) side by side and print ratios to each "
                              "backend's native and to the first backend's native; replaces --backend")
     parser.add_argument("--peers", action="store_true",
                         help="run the same sweep on torch.distributed's own gloo and on MPICH (mpi4py), each "

@@ -246,10 +246,27 @@ def _tables(results: dict) -> str:
 
 HELP = "per-call overhead of a small blocking all_reduce against raw mpi4py and torch's gloo; the ring's memory"
 
+DESCRIPTION = """\
+What zerocomm adds to a small blocking collective: an 8 B float32 all_reduce at 2 ranks, timed
+call by call (median per-call latency, the slowest rank), beside its peer in the same processes,
+interleaved round by round so that load on the machine touches every variant alike:
+
+  mpi   raw mpi4py Allreduce, then zerocomm's all_reduce (native, recursive_doubling, tree, ring)
+  gloo  torch.distributed's own all_reduce, then zerocomm's with the same algorithms
+
+then the same calls with the mismatch check off (ZEROCOMM_CHECK=0), and the ring's peak extra
+memory for one 64 MiB all_reduce.  Compare numbers within one run only.
+
+Examples:
+  zerocomm-bench overhead
+  zerocomm-bench overhead --backends gloo --iters 20000 --json overhead.json
+"""
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--iters", type=int, default=5000, help="timed calls per variant (default: 5000)")
-    parser.add_argument("--backends", default="mpi,gloo", help="comma-separated: mpi, gloo (default: both)")
+    parser.add_argument("--iters", type=int, default=5000, metavar="N",
+                        help="timed calls per variant, at least 100 (default: 5000)")
+    parser.add_argument("--backends", default="mpi,gloo", metavar="B[,B...]", help="mpi, gloo (default: mpi,gloo)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--worker", choices=("mpi",), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)

@@ -16,11 +16,20 @@ from .options import UsageError
 
 HELP = "merge the per-rank Chrome traces of ZEROCOMM_PROFILE (or Profiler exports) into one"
 
+DESCRIPTION = """\
+Merges the per-rank Chrome traces of one run into one file, where the ranks' bars of a
+collective line up (open it in https://ui.perfetto.dev or chrome://tracing).
+
+Example:
+  ZEROCOMM_PROFILE=run torchrun --nproc-per-node 4 train.py   # writes run.rank0.trace.json, ...
+  zerocomm-bench trace run                                      # writes run.trace.json
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sources", nargs="+", metavar="PREFIX_OR_FILE",
                         help="a ZEROCOMM_PROFILE prefix (reads PREFIX.rankN.trace.json) or per-rank trace files")
-    parser.add_argument("-o", "--out", default=None,
+    parser.add_argument("-o", "--out", default=None, metavar="PATH",
                         help="the merged trace (default: PREFIX.trace.json for a prefix; required for files)")
 
 

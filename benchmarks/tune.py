@@ -139,17 +139,40 @@ def plot_rows(measured: Dict[str, Dict[int, list]], path: str,
 
 HELP = "measure every algorithm and write the table algorithm='auto' reads"
 
+DESCRIPTION = """\
+Measures every collective with every algorithm at every size, for each backend and world size,
+and writes the table that algorithm="auto" reads: per (collective, world size, size range), the
+algorithm to run.  An algorithm replaces the backend's own (native) only where it takes at most
+90% of native's time; a lone size whose winner differs from both neighbours takes theirs.
+
+The table goes to ./auto_table.json by default, never into the installed package.  Backends this
+run does not measure are kept from --out when it exists, else from the installed table.  To ship
+a table, write it as comm/auto_table.json in a checkout (--out comm/auto_table.json).
+
+Examples:
+  zerocomm-bench tune --backends gloo --nprocs 2,4
+  zerocomm-bench tune --add shm         # measure shm beside the table's picks, for one-host groups
+  zerocomm-bench tune --rows rows.json --plot busbw.png
+
+Takes several minutes per backend and world size on 2 cores.
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .options import BACKENDS, choice, list_of, positive_int, step_factor
 
     parser.add_argument("--backends", type=list_of(choice(BACKENDS, "backend"), "backend"), default=["gloo", "mpi"],
-                        metavar="B[,B...]", help="backends to measure (default: gloo,mpi)")
-    parser.add_argument("--world-sizes", type=list_of(positive_int, "world size"), default=[2, 3, 4],
+                        metavar="B[,B...]", help=f"backends to measure: {', '.join(BACKENDS)} (default: gloo,mpi)")
+    parser.add_argument("--nprocs", dest="world_sizes", type=list_of(positive_int, "world size"), default=[2, 3, 4],
                         metavar="N[,N...]", help="world sizes to measure (default: 2,3,4)")
-    parser.add_argument("--sizes", default="8B:16MiB", help="S values, as collectives' --sizes (default: 8B:16MiB)")
-    parser.add_argument("--factor", type=step_factor, default=8, help="step factor of size ranges (default: 8)")
-    parser.add_argument("--iters", type=positive_int, default=10, help="timed calls per cell (default: 10)")
+    parser.add_argument("--world-sizes", dest="world_sizes", type=list_of(positive_int, "world size"),
+                        help=argparse.SUPPRESS)  # the old name of --nprocs
+    parser.add_argument("--sizes", default="8B:16MiB", metavar="SPEC",
+                        help="sizes S, ranges lo:hi and single sizes as collectives' --sizes (default: 8B:16MiB)")
+    parser.add_argument("--factor", type=step_factor, default=8, metavar="F",
+                        help="step factor of size ranges (default: 8)")
+    parser.add_argument("--iters", type=positive_int, default=10, metavar="N",
+                        help="timed calls per cell (default: 10)")
     parser.add_argument("--add", type=list_of(str, "algorithm"), default=None, metavar="ALG[,ALG...]",
                         help="measure these algorithms beside the existing table's picks and take them only "
                              "where they win (the other cells keep the table's choice)")
@@ -158,7 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                       "and world size from the rows (needs zerocomm[bench]); with "
                                                       "--plot-only, from an earlier run's --rows file")
     parser.add_argument("--plot-only", action="store_true", help="measure nothing: plot --rows into --plot")
-    parser.add_argument("--out", default=DEFAULT_OUT,
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="PATH",
                         help=f"where to write the table (default: {DEFAULT_OUT} in the current folder)")
 
 

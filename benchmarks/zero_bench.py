@@ -1,6 +1,6 @@
 """ZeRO benchmark: zerocomm stages 0-3 beside torch DDP, ZeroRedundancyOptimizer and FSDP2.
 
-    python -m zerocomm.benchmarks.zero_bench --world-sizes 2 4 --steps 5
+    zerocomm-bench zero --nprocs 2,4 --steps 5
 
 Every variant runs in freshly forked ranks (gloo over a FileStore in a temporary folder); all train
 the same seeded TinyLM on the same batches with Adam, fp32.
@@ -317,31 +317,45 @@ def summarize(world: int, name: str, algorithm, reports: list) -> list:
             f"{max(r['sent'] for r in reports) / mib:.1f}", f"{reports[0]['loss']:.6f}"]
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--steps", type=int, default=5, help="measured steps per variant")
-    parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (at least 1)")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds over the variants (interleaved); step ms is "
-                        "the median over rounds")
-    parser.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
-    parser.add_argument("--bucket-numel", type=int, default=1 << 21)
-    parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--small", action="store_true", help="a 30 K-parameter model (smoke test)")
-    parser.add_argument("--only", nargs="+", default=None, metavar="WORD",
-                        help="run only the variants whose 'name algorithm' contains one of these words")
-    parser.add_argument("--plot", metavar="PNG", help="bar charts of step time and per-rank peak memory")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``zerocomm-bench zero`` (lists comma-separated, as everywhere in zerocomm-bench)."""
+    from .options import list_of, positive_float, positive_int, split_commas
+
+    parser.add_argument("--nprocs", type=list_of(positive_int, "world size"), default=[2, 4], metavar="N[,N...]",
+                        help="world sizes, each run in ranks of its own (default: 2,4)")
+    parser.add_argument("--world-sizes", dest="world_sizes_deprecated", type=list_of(positive_int, "world size"),
+                        nargs="+", default=None, help=argparse.SUPPRESS)  # the old name of --nprocs
+    parser.add_argument("--steps", type=positive_int, default=5, metavar="N", help="measured steps per variant "
+                        "(default: 5)")
+    parser.add_argument("--warmup", type=positive_int, default=2, metavar="N",
+                        help="unmeasured steps first, at least 1 (default: 2)")
+    parser.add_argument("--repeat", type=positive_int, default=1, metavar="R",
+                        help="rounds over the variants, interleaved; step ms is the median over rounds (default: 1)")
+    parser.add_argument("--batch", type=positive_int, default=2, metavar="B",
+                        help="sequences per rank per step (default: 2)")
+    parser.add_argument("--bucket-numel", type=positive_int, default=1 << 21, metavar="ELEMENTS",
+                        help="gradient bucket size of the zerocomm variants (default: 2097152)")
+    parser.add_argument("--timeout", type=positive_float, default=600.0, metavar="SECONDS",
+                        help="a variant's ranks are stopped after this (default: 600)")
+    parser.add_argument("--small", action="store_true", help="a 30 K-parameter model (a quick check)")
+    parser.add_argument("--only", type=split_commas, default=None, metavar="WORD[,WORD...]",
+                        help="run only the variants whose 'name algorithm' contains one of these words, e.g. "
+                             "'torch DDP,stage 2 native'")
+    parser.add_argument("--plot", metavar="PNG", help="bar charts of step time and per-rank peak memory "
+                        "(needs zerocomm[bench])")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
-                        help="zerocomm variants' precision (the torch variants run fp32)")
-    parser.add_argument("--nvme-path", default=None, help="folder for the NVMe-offload variant's state files "
-                        "(default: a temporary folder)")
-    parser.add_argument("--offload-buffer-numel", type=int, default=1 << 18,
-                        help="NVMe offload: elements stepped at once (the pieces read and written)")
-    parser.add_argument("--offload-buffer-count", type=int, default=3, help="NVMe offload: pieces in memory at once")
+                        help="the zerocomm variants' precision: fp32, bf16 or fp16; the torch variants run fp32 "
+                             "(default: fp32)")
+    parser.add_argument("--nvme-path", default=None, metavar="DIR", help="folder for the NVMe-offload variants' "
+                        "state files (default: a temporary folder)")
+    parser.add_argument("--offload-buffer-numel", type=positive_int, default=1 << 18, metavar="ELEMENTS",
+                        help="NVMe offload: elements stepped at once, the pieces read and written (default: 262144)")
+    parser.add_argument("--offload-buffer-count", type=positive_int, default=3, metavar="N",
+                        help="NVMe offload: pieces in memory at once (default: 3)")
     parser.add_argument("--interleave", type=int, default=0, metavar="K",
                         help="step times only: every variant in the same ranks, K steps each in turn, --repeat "
-                        "rotations; × DDP is the median of per-rotation ratios (see zero_interleaved.py)")
+                        "rotations; × DDP is the median of the per-rotation ratios")
     parser.add_argument("--pin-mmap-threshold", action="store_true",
                         help="--interleave: time the steps under the default mode's allocator setting (glibc hands "
                         "every freed block over 64 KiB back to the kernel at once, so each new one page-faults), to "
@@ -349,19 +363,40 @@ def main(argv=None) -> int:
                         "a training process does")
     parser.add_argument("--trace", metavar="DIR", help="after the measured steps, profile two more steps of every "
                         "zerocomm variant and write rank 0's Chrome trace into DIR")
-    args = parser.parse_args(argv)
-    if args.warmup < 1:
-        parser.error(f"--warmup must be at least 1 (the last warm-up step counts the bytes sent), got {args.warmup}")
+
+
+def main(argv=None) -> int:
+    """``python -m zerocomm.benchmarks.zero_bench``: the same as ``zerocomm-bench zero``."""
+    from .options import UsageError
+
+    parser = argparse.ArgumentParser(prog="zerocomm-bench zero", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args(argv))
+    except UsageError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: error() exits
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``zero`` subcommand; raises ``options.UsageError`` for a bad combination, before any rank starts."""
+    from .options import UsageError, require
+
+    if args.world_sizes_deprecated:
+        args.nprocs = [n for values in args.world_sizes_deprecated for n in values]
+    args.world_sizes = args.nprocs
+    if args.plot:  # matplotlib is imported only when it draws, after every variant ran: check it now
+        require("matplotlib", "--plot", "bench")
     shape = LMShape() if args.small else TinyLM.benchmark_size()
     args.shape = {field: getattr(shape, field) for field in LMShape.__dataclass_fields__}
     if args.interleave:
         if args.interleave < 1 or args.repeat < 1:
-            parser.error(f"--interleave and --repeat must be at least 1, got {args.interleave} and {args.repeat}")
+            raise UsageError(f"--interleave and --repeat must be at least 1, got {args.interleave} and {args.repeat}")
         if args.plot or args.trace:
-            parser.error("--interleave measures step times only: --plot and --trace need the default mode")
+            raise UsageError("--interleave measures step times only: --plot and --trace need the default mode")
         return _main_interleaved(args, shape)
     if args.pin_mmap_threshold:
-        parser.error("--pin-mmap-threshold is for --interleave: the default mode always pins it (for the peak column)")
+        raise UsageError("--pin-mmap-threshold is for --interleave: the default mode always pins it (for the peak column)")
     rows = []
     for world in args.world_sizes:
         chosen = _chosen(args)

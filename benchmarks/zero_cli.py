@@ -1,56 +1,49 @@
-"""``zerocomm-bench zero``: registers ``zero_bench`` (the ZeRO benchmark, its own module and parser)
-as a subcommand, and speaks the command line's comma convention to it.
-
-``zero_bench`` reads several values as separate words (``--world-sizes 2 4``); here
-``--world-sizes 2,4`` (or ``--world-sizes=2,4``) is accepted too and split before it parses, so
-every subcommand takes lists the same way.  Its options and ``--help`` are its own.
-"""
+"""``zerocomm-bench zero``: the ZeRO benchmark (``zero_bench``) as a subcommand, its options on the
+subparser like every other subcommand's."""
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Sequence
 
-HELP = "ZeRO stages against torch DDP, ZeroRedundancyOptimizer and FSDP2 (see zero --help)"
+HELP = "ZeRO stages 0-3 against torch DDP, ZeroRedundancyOptimizer and FSDP2: step time, memory, traffic"
 
-#: The command line is handed to zero_bench unparsed (its parser, its --help).
-PASSTHROUGH = True
+DESCRIPTION = """\
+Trains the same seeded small GPT (about 10 M parameters; --small: 30 K) on the same batches with
+Adam under torch DDP, torch's ZeroRedundancyOptimizer, FSDP2 and zerocomm's ZeRO stages 0-3
+(native, ring and shm collectives; CPU and NVMe offload), each variant in freshly started ranks
+over gloo, and prints one row per variant:
 
-#: zero_bench's options that take several values (nargs="+").
-LIST_OPTIONS = ("--world-sizes", "--only")
+  step ms           median wall time of a step, the slowest rank's, after warm-up
+  × DDP             step time over torch DDP's at the same world size
+  peak MiB          the largest rank's peak resident memory above where it started
+  model states MiB  parameters + gradients + optimizer state one rank holds
+  sent/step MiB     bytes one rank sends per step
+  last loss         the variants train alike (the same model, batches and seed)
+
+Examples:
+  zerocomm-bench zero --nprocs 2 --small           # a quick check on a 30 K-parameter model
+  zerocomm-bench zero --nprocs 2,4 --steps 5       # the full comparison
+  zerocomm-bench zero --only "torch DDP,stage 2" --interleave 3 --repeat 5
+
+Use --interleave for step-time ratios on a machine whose speed drifts (every variant in the same
+ranks, in turn).  Timings are for comparing side by side in one run, not across runs.
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Nothing: ``zero_bench`` parses its own options (see ``PASSTHROUGH``)."""
+    from .zero_bench import add_arguments as zero_arguments
+
+    zero_arguments(parser)
 
 
-def split_lists(argv: Sequence[str]) -> list[str]:
-    """``argv`` with the comma-separated values of ``LIST_OPTIONS`` split into separate words."""
-    out: list[str] = []
-    expecting = False
-    for item in argv:
-        name, eq, value = item.partition("=")
-        if name in LIST_OPTIONS and eq:
-            out += [name, *value.split(",")]
-            expecting = False
-        elif expecting and not item.startswith("-"):
-            out += [part for part in item.split(",") if part]
-        else:
-            out.append(item)
-            expecting = item in LIST_OPTIONS
-    return out
+def run(args: argparse.Namespace) -> int:
+    from .zero_bench import run as run_zero
+
+    return run_zero(args)
 
 
 def main(argv: Sequence[str]) -> int:
-    argv = split_lists(argv)
-    if any(item == "--plot" or item.startswith("--plot=") for item in argv):
-        from .options import UsageError, require
+    """``zerocomm-bench zero ARGV``."""
+    from .cli import main as bench_main
 
-        try:  # zero_bench imports matplotlib only when it draws, after every variant ran
-            require("matplotlib", "--plot", "bench")
-        except UsageError as exc:
-            print(f"zerocomm-bench zero: error: {exc}", file=sys.stderr)
-            return 2
-    from . import zero_bench
-
-    return zero_bench.main(argv)
+    return bench_main(["zero", *argv])

@@ -131,16 +131,15 @@ def test_nccl_without_a_gpu_says_so(no_ranks, capsys):
 def test_a_missing_optional_package_names_its_extra(no_ranks, monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     assert "pip install 'zerocomm[bench]'" in refusal(["--plot", str(tmp_path / "p.png")], capsys)
-    assert zero_cli.main(["--plot", str(tmp_path / "p.png"), "--small"]) == 2
-    assert "pip install 'zerocomm[bench]'" in capsys.readouterr().err
+    assert "pip install 'zerocomm[bench]'" in refusal(["zero", "--plot", str(tmp_path / "p.png"), "--small"], capsys)
 
 
 def test_the_cli_imports_only_base_dependencies_at_module_level():
     """Third-party imports of the benchmarks package are base dependencies, except those imported
-    inside a function behind a check that names their extra (matplotlib: --plot; mpi4py: MPI)."""
+    inside a function behind a check that names their extra (matplotlib: --plot; mpi4py: MPI; cupy: the GPU)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = {req.split(">")[0].split("=")[0].split("[")[0].strip() for req in project["dependencies"]}
-    lazily_with_extra = {"matplotlib": "bench", "mpi4py": "mpi"}
+    lazily_with_extra = {"matplotlib": "bench", "mpi4py": "mpi", "cupy": "cuda"}
     stdlib = set(sys.stdlib_module_names)
     for path in (ROOT / "benchmarks").glob("*.py"):
         tree = ast.parse(path.read_text())
@@ -170,10 +169,14 @@ def test_every_subcommand_has_help(command, capsys):
     assert "usage:" in capsys.readouterr().out
 
 
-def test_zero_accepts_the_comma_convention_too():
-    assert zero_cli.split_lists(["--world-sizes", "2,4", "--steps", "3", "--only=ring,stage 3"]) == [
-        "--world-sizes", "2", "4", "--steps", "3", "--only", "ring", "stage 3"]
-    assert zero_cli.split_lists(["--world-sizes", "2", "4"]) == ["--world-sizes", "2", "4"]
+def test_zero_takes_lists_comma_separated_and_still_reads_the_old_world_sizes_flag(no_ranks, monkeypatch):
+    seen = []
+    monkeypatch.setattr("zerocomm.benchmarks.zero_bench._main_interleaved", lambda args, shape: seen.append(args) or 0)
+    for argv in (["--nprocs", "2,4", "--only=ring,stage 3"], ["--nprocs=2,4", "--only", "ring,stage 3"],
+                 ["--world-sizes", "2", "4", "--only", "ring,stage 3"], ["--world-sizes=2,4", "--only=ring,stage 3"]):
+        assert zero_cli.main(["--small", "--interleave", "1", *argv]) == 0
+        assert seen[-1].world_sizes == [2, 4] and seen[-1].only == ["ring", "stage 3"], argv
+    assert "--world-sizes" not in cli.build_parser().format_help()
 
 
 def _bench(*argv, timeout=150):
@@ -242,8 +245,8 @@ def test_zero_interleaved_measures_every_variant_in_the_same_ranks(tmp_path, cap
     optimizer state in files); the rows carry per-rotation ratios to DDP, and the variants trained alike
     (the same seeded model on the same batches)."""
     out = tmp_path / "rows.json"
-    assert zero_cli.main(["--small", "--interleave", "2", "--repeat", "3", "--world-sizes", "2", "--only",
-                          "torch DDP", "stage 2 native", "stage 2 offload nvme", "--json", str(out)]) == 0
+    assert zero_cli.main(["--small", "--interleave", "2", "--repeat", "3", "--nprocs", "2", "--only",
+                          "torch DDP,stage 2 native,stage 2 offload nvme", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "3 rotations of 2 steps" in printed and "allocator left at its defaults" in printed
     ddp, *zero = json.loads(out.read_text())
@@ -259,7 +262,7 @@ def test_zero_interleaved_measures_every_variant_in_the_same_ranks(tmp_path, cap
 @pytest.mark.parametrize("argv, words", [
     (["--interleave", "2", "--trace", "traces"], "--plot and --trace need the default mode"),
     (["--interleave", "-1"], "must be at least 1"),
-    (["--interleave", "2", "--repeat", "0"], "must be at least 1"),
+    (["--interleave", "2", "--repeat", "0"], "argument --repeat: 0 must be >= 1"),
     (["--pin-mmap-threshold"], "--pin-mmap-threshold is for --interleave"),
 ])
 def test_zero_interleaved_refuses_what_it_cannot_measure_before_any_rank_starts(no_ranks, capsys, argv, words):
@@ -285,3 +288,97 @@ def test_overhead_prints_every_variant_beside_its_peer_with_the_check_on_and_off
         for title in ("blocking (median", "blocking, mismatch check off (median"):
             assert f"{backend}, 2 ranks, 8 B float32 all_reduce, {title}" in stdout, stdout
     assert "% of a core" in stdout and "load average at the end" in stdout
+
+
+# --- help written for users ---------------------------------------------------------------------
+
+def _help(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([*argv, "--help"])
+    assert stopped.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_each_subcommands_help_shows_its_own_usage_and_no_internals(command, capsys):
+    """``zerocomm-bench COMMAND --help`` names the command in its usage line, describes it for users (not the
+    module's docstring, with its double backquotes and pointers to other modules), and shows each flag once."""
+    text = _help([command], capsys)
+    assert text.startswith(f"usage: zerocomm-bench {command} "), text[:200]
+    module = cli.command_module(command)
+    for internal in ("``", "see ``", module.__doc__.strip().splitlines()[0]):
+        assert internal not in text, (command, internal)
+    assert "--world-sizes" not in text  # the old spelling of --nprocs is accepted but not shown
+
+
+def test_the_top_level_help_lists_every_subcommand(capsys):
+    text = _help([], capsys)
+    assert text.startswith("usage: zerocomm-bench ") and "--peers" in text
+    for command in cli.COMMANDS:
+        assert f"\n    {command}" in text, command
+
+
+def test_the_collectives_help_lists_the_choices_of_each_flag(capsys):
+    from zerocomm.benchmarks.collectives import TORCH_DTYPES
+    from zerocomm.benchmarks.options import BACKENDS
+    from zerocomm.benchmarks.reference import REDUCE_OPS
+    from zerocomm.comm.algorithms import ALGORITHM_CHOICES, COMPRESSED
+
+    text = " ".join(_help(["collectives"], capsys).split())  # unwrapped
+    assert f"communication backend: {', '.join(BACKENDS)}" in text
+    assert f"element type: {', '.join(TORCH_DTYPES)}" in text and f"reduction op: {', '.join(REDUCE_OPS)}" in text
+    algorithms = text.split("algorithms compared side by side: ")[1].split(" (default")[0]
+    assert algorithms.split(", ") == sorted((a for a in ALGORITHM_CHOICES if a not in COMPRESSED),
+                                           key=algorithms.split(", ").index)
+    assert set(algorithms.split(", ")) == {a for a in ALGORITHM_CHOICES if a not in COMPRESSED}
+
+
+@pytest.mark.parametrize("command", ["collectives", "compare", "tune", "compression", "zero", "soak", "check-cost",
+                                     "shm"])  # the commands that take world sizes
+def test_world_sizes_are_nprocs_everywhere(command, capsys):
+    assert "--nprocs N" in _help([command], capsys)
+
+
+def test_tune_still_reads_the_old_world_sizes_flag():
+    parser = cli.build_parser()
+    assert parser.parse_args(["tune", "--world-sizes", "2,4"]).world_sizes == [2, 4]
+    assert parser.parse_args(["tune", "--nprocs", "2,4"]).world_sizes == [2, 4]
+
+
+# --- --peers: zerocomm's default algorithm beside torch's gloo and MPICH ----------------------------------
+
+@pytest.mark.parametrize("argv, named", [
+    (["--peers", "--compare", "gloo,mpi"], "--peers and --compare"),
+    (["--peers", "-d", "bfloat16"], "--dtype bfloat16: with --peers, MPICH measures"),
+    (["--peers", "--device", "cuda"], "--peers runs torch's gloo and MPICH on CPU"),
+])
+def test_peers_refuses_what_its_peers_cannot_run(argv, named, no_ranks, capsys):
+    assert named in refusal(argv, capsys)
+
+
+def test_peers_runs_zerocomms_default_algorithm(no_ranks):
+    assert parsed(["collectives", "--peers"])[1].cfg.algorithms == ("auto",)
+    assert parsed(["collectives", "--peers", "--algorithms", "auto,ring"])[1].cfg.algorithms == ("auto", "ring")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(STANDIN, reason=NO_MPI_REASON)
+def test_peers_puts_zerocomm_torch_gloo_and_mpich_side_by_side_every_result_checked(tmp_path):
+    """Three worlds of 2 ranks (zerocomm's default algorithm on gloo, torch's own gloo, MPICH through mpi4py) run
+    every collective at 64 B with the numpy check on; one table shows each one's time and the speed-ups."""
+    csv_path = tmp_path / "rows.csv"
+    stdout = _bench("--peers", "--nprocs", "2", "-b", "64", "-e", "64", "-w", "1", "-n", "2", "--csv", str(csv_path),
+                    timeout=230)
+    with open(csv_path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted({(r["target"], r["algorithm"]) for r in rows}) == [
+        ("MPICH", "native"), ("torch gloo", "native"), ("zerocomm gloo", "auto")]
+    for target in ("MPICH", "torch gloo", "zerocomm gloo"):
+        mine = [r for r in rows if r["target"] == target]
+        assert {r["collective"] for r in mine} == set(units.COLLECTIVES), target
+        assert all(r["wrong"] == "0" and float(r["time_us"]) > 0 for r in mine), mine
+    header = next(line for line in stdout.splitlines() if line.startswith("collective"))
+    assert header.split() == ["collective", "n", "size", "zerocomm", "gloo", "auto", "(µs)", "torch", "gloo", "(µs)",
+                              "MPICH", "(µs)", "x", "vs", "torch", "gloo", "x", "vs", "MPICH"]
+    for target in ("zerocomm gloo", "torch gloo", "MPICH"):
+        assert f"# Out of bounds values : 0 OK ({target}, 2 ranks)" in stdout, stdout
