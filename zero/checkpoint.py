@@ -52,9 +52,9 @@ from .. import comm as dist
 from .agreement import agree
 from .errors import (CheckpointError, CheckpointForeignError, CheckpointIncompatibleError, CheckpointNotFoundError,
                      CheckpointCorruptError, CheckpointSaveError, ZeroStateError)
-from .manifest import (FORMAT, MANIFEST, OLD_META, as_checkpoint_error, describe_tensors, fsync_dir, load_shard,
-                       new_run_id, read_manifest, run_id_from_numbers, run_id_numbers, shard_name, write_manifest,
-                       write_shard)
+from .manifest import (COMMON, FORMAT, MANIFEST, OLD_META, as_checkpoint_error, describe_tensors, fsync_dir,
+                       load_common, load_shard, new_run_id, read_manifest, run_id_from_numbers, run_id_numbers,
+                       shard_name, write_common, write_manifest, write_shard)
 
 LATEST = "latest"
 TMP_MARK = ".tmp-"
@@ -75,9 +75,10 @@ def _fault(point: str, rank: int) -> None:
 
 
 def describe_layout(optimizer) -> list:
-    """The bucket layout as the manifest stores it: per bucket its padded size and [index, offset, numel] slots."""
-    return [{"padded_numel": layout.padded_numel, "slots": [[s.index, s.offset, s.numel] for s in layout.slots]}
-            for layout in optimizer.layouts]
+    """The bucket layout as the manifest stores it: per bucket its padded size, [index, offset, numel] slots
+    and parameter group."""
+    return [{"padded_numel": layout.padded_numel, "slots": [[s.index, s.offset, s.numel] for s in layout.slots],
+             "group": layout.group} for layout in optimizer.layouts]
 
 
 def _state_keys(optimizer) -> list:
@@ -114,8 +115,10 @@ def _exchange(optimizer, problem, numbers, failure: type, what: str) -> list[lis
 
 
 # -- save ---------------------------------------------------------------------------------------------------
-def save_checkpoint(optimizer, path) -> Path:
+def save_checkpoint(optimizer, path, client_state: Optional[dict] = None) -> Path:
     """Write a checkpoint under ``path`` (every rank of the group calls it); returns its folder ``path/step-N``.
+    Rank 0's ``client_state`` is kept (in common.pt, with the buffers, frozen parameters and the schedule's
+    state) and comes back from ``load_checkpoint``.
 
     Raises ``ZeroStateError`` inside a gradient-accumulation cycle and ``CheckpointSaveError`` when any rank
     fails (every rank raises the same); the previous checkpoint stays loadable either way."""
@@ -137,7 +140,7 @@ def save_checkpoint(optimizer, path) -> Path:
     run_id = run_id_from_numbers(_exchange(optimizer, problem, run_id_numbers(run_id), CheckpointSaveError, what)[0])
 
     tmp = root / f"{name}{TMP_MARK}{run_id}"
-    file, problem, nbytes, crc, layout_crc = tmp / shard_name(rank), None, 0, 0, 0
+    file, problem, nbytes, crc, layout_crc, common = tmp / shard_name(rank), None, 0, 0, 0, None
     try:
         shard = _shard(optimizer, run_id)
         tensors = describe_tensors(shard["masters"], shard["optimizer"])
@@ -146,6 +149,8 @@ def save_checkpoint(optimizer, path) -> Path:
         _fault("shard_started", rank)
         nbytes, crc = write_shard(shard, file, after_first_write=lambda: _fault("shard_half_written", rank))
         del shard
+        if rank == 0:
+            common = write_common(_common(optimizer, run_id, client_state), tmp)
         _fault("shard_written", rank)
     except Exception as error:  # noqa: BLE001 - disk full, permissions, an unpicklable state: all agreed on
         problem = CheckpointSaveError.at(file, f"cannot write the shard: {type(error).__name__}: {error}", rank=rank)
@@ -163,7 +168,7 @@ def save_checkpoint(optimizer, path) -> Path:
     problem = None
     if rank == 0:
         try:
-            write_manifest(tmp, _manifest(optimizer, run_id, tensors, written))
+            write_manifest(tmp, _manifest(optimizer, run_id, tensors, written, common))
             _fault("manifest_written", rank)
             _publish(root, tmp, name, run_id, rank)
         except Exception as error:  # noqa: BLE001
@@ -175,22 +180,29 @@ def save_checkpoint(optimizer, path) -> Path:
 
 
 def _shard(optimizer, run_id: str) -> dict:
-    """What this rank writes: CPU copies of its masters, its optimizer state_dict; rank 0 adds the extras."""
-    shard = {"run_id": run_id, "rank": optimizer.rank, "world_size": optimizer.world_size,
-             "step_count": optimizer.step_count,
-             "masters": [m.detach().to("cpu", copy=True) for m in optimizer.master],
-             "optimizer": optimizer.optimizer.state_dict()}
-    if optimizer.rank == 0:
-        managed = {id(p) for p in optimizer.params}
-        shard["extras"] = {key: value.detach().to("cpu", copy=True) for key, value in
-                           optimizer.model.state_dict(keep_vars=True).items() if id(value) not in managed}
-    return shard
+    """What this rank writes: CPU copies of its masters, its optimizer state_dict."""
+    return {"run_id": run_id, "rank": optimizer.rank, "world_size": optimizer.world_size,
+            "step_count": optimizer.step_count,
+            "masters": [m.detach().to("cpu", copy=True) for m in optimizer.master],
+            "optimizer": optimizer.optimizer.state_dict()}
 
 
-def _manifest(optimizer, run_id: str, tensors: dict, written: list) -> dict:
+def _common(optimizer, run_id: str, client_state: Optional[dict]) -> dict:
+    """What rank 0 writes for every rank: the model's tensors outside ZeRO (buffers, frozen parameters), the
+    schedule's state and the caller's ``client_state``."""
+    managed = {id(p) for p in optimizer.params}
+    schedule = optimizer.lr_scheduler
+    return {"run_id": run_id,
+            "extras": {key: value.detach().to("cpu", copy=True) for key, value in
+                       optimizer.model.state_dict(keep_vars=True).items() if id(value) not in managed},
+            "lr_scheduler": schedule.state_dict() if schedule is not None else None,
+            "client_state": client_state}
+
+
+def _manifest(optimizer, run_id: str, tensors: dict, written: list, common: dict) -> dict:
     return {"format": FORMAT, "run_id": run_id, "stage": optimizer.stage, "world_size": optimizer.world_size,
             "precision": optimizer.config.precision, "step_count": optimizer.step_count,
-            "skipped_steps": optimizer.skipped_steps,
+            "skipped_steps": optimizer.skipped_steps, "global_steps": optimizer.global_steps, "common": common,
             "scaler": optimizer.scaler.state_dict() if optimizer.scaler is not None else None,
             "params": [[n, list(p.shape)] for n, p in zip(optimizer.param_names, optimizer.params)],
             "buckets": describe_layout(optimizer), "state_dict_keys": _state_keys(optimizer),
@@ -299,6 +311,9 @@ def check_compatible(optimizer, manifest: dict, folder: Path) -> None:
         if mine["slots"] != theirs["slots"]:
             refuse(f"bucket {index} holds parameters {[s[0] for s in theirs['slots']]} in the checkpoint but "
                    f"{[s[0] for s in mine['slots']]} here: use the bucket sizes the checkpoint was written with")
+        if mine["group"] != theirs.get("group", 0):
+            refuse(f"bucket {index} belongs to parameter group {theirs.get('group', 0)} in the checkpoint but to "
+                   f"group {mine['group']} here: use the parameter groups the checkpoint was written with")
     if len(layout) != len(manifest["buckets"]):
         refuse(f"{len(manifest['buckets'])} buckets in the checkpoint, {len(layout)} here")
     if manifest["optimizer_class"] != type(optimizer.optimizer).__name__ or \
@@ -351,9 +366,9 @@ def _assemble(folder: Path, manifest: dict, rank: int | None) -> tuple[list, lis
             template)
 
 
-def _prepare(optimizer, folder: Path, manifest: dict) -> tuple[list, dict]:
+def _prepare(optimizer, folder: Path, manifest: dict) -> tuple[list, dict, Optional[dict]]:
     """This rank's masters and optimizer state_dict from the checkpoint, read, verified and resharded into
-    tensors of its own; ``optimizer`` is only read."""
+    tensors of its own, and the common file (None in format 2); ``optimizer`` is only read."""
     rank, world = optimizer.rank, optimizer.world_size
     if manifest["world_size"] == world or manifest["stage"] == 0:  # stage 0 shards are all the same
         shard = load_shard(folder, manifest, rank if manifest["world_size"] == world else 0, rank)
@@ -383,16 +398,36 @@ def _prepare(optimizer, folder: Path, manifest: dict) -> tuple[list, dict]:
             if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != shape:
                 raise CheckpointIncompatibleError.at(file, f"optimizer state {key!r} of bucket {order[int(position)]} "
                                                      f"has shape {tuple(value.shape)}, the master {shape}", rank=rank)
-    return masters, state_dict
+    common = load_common(folder, manifest, rank)
+    if common is not None:
+        _check_extras(optimizer, common["extras"], folder, rank)
+    return masters, state_dict, common
 
 
-def load_checkpoint(optimizer, path) -> Path:
-    """Restore parameters, optimizer state, loss scale and counters (every rank of the group calls it).
+def _extras_of(optimizer) -> dict:
+    """The model's tensors outside ZeRO by state_dict key (buffers, frozen parameters)."""
+    managed = {id(p) for p in optimizer.params}
+    return {key: value for key, value in optimizer.model.state_dict(keep_vars=True).items() if id(value) not in managed}
+
+
+def _check_extras(optimizer, extras: dict, folder: Path, rank: int) -> None:
+    for key, tensor in _extras_of(optimizer).items():
+        if key not in extras:
+            raise CheckpointIncompatibleError.at(folder / COMMON, f"the model's {key!r} (a buffer or frozen "
+                                                 f"parameter) is not in the checkpoint", rank=rank)
+        if tuple(extras[key].shape) != tuple(tensor.shape):
+            raise CheckpointIncompatibleError.at(folder / COMMON, f"{key!r} has shape {tuple(extras[key].shape)} in "
+                                                 f"the checkpoint, {tuple(tensor.shape)} in this model", rank=rank)
+
+
+def load_checkpoint(optimizer, path) -> tuple[Path, Optional[dict]]:
+    """Restore parameters, optimizer state, loss scale, counters, the model's buffers and frozen parameters and
+    the schedule's state (every rank of the group calls it); returns ``(folder, client_state)``.
 
     The checkpoint may come from another world size (see the note on resharding).  Every rank checks
     everything before any rank changes anything (see the note on agree, then load): on any problem every
     rank raises the same ``CheckpointError`` subclass (or ``ZeroStateError`` inside an accumulation cycle)
-    and the optimizer and model are untouched.  Returns the folder read."""
+    and the optimizer and model are untouched."""
     rank = optimizer.rank
     optimizer.synchronize()
     problem, folder, manifest, prepared = None, Path(path), None, None
@@ -414,21 +449,33 @@ def load_checkpoint(optimizer, path) -> Path:
         raise CheckpointForeignError("the ranks read different checkpoints: "
                                      + ", ".join(f"rank {r} run id {s}" for r, s in enumerate(seen)),
                                      rank=rank, file=path, reason="the ranks read different checkpoints")
-    _apply(optimizer, manifest, *prepared)
-    return folder
+    common = _apply(optimizer, manifest, *prepared)
+    return folder, (common or {}).get("client_state")
 
 
-def _apply(optimizer, manifest: dict, masters: list, state_dict: dict) -> None:
+def _apply(optimizer, manifest: dict, masters: list, state_dict: dict, common: Optional[dict]) -> Optional[dict]:
     """Copy an agreed checkpoint in: the only part of loading that changes anything."""
     with torch.no_grad():
         for master, values in zip(optimizer.master, masters):
             master.copy_(values)
+        if common is not None:
+            for key, tensor in _extras_of(optimizer).items():
+                tensor.copy_(common["extras"][key])
     optimizer.optimizer.load_state_dict(state_dict)
     optimizer.step_count = manifest["step_count"]
     optimizer.skipped_steps = manifest["skipped_steps"]
+    optimizer.global_steps = manifest.get("global_steps", optimizer.step_count + optimizer.skipped_steps)
     if optimizer.scaler is not None and manifest["scaler"] is not None:
         optimizer.scaler.load_state_dict(manifest["scaler"])
+    schedule = (common or {}).get("lr_scheduler")
+    if optimizer.lr_scheduler is not None and schedule is not None:
+        optimizer.lr_scheduler.load_state_dict(schedule)
+    elif optimizer.lr_scheduler is not None or schedule is not None:
+        _log.warning("rank %d: %s", optimizer.rank, "the checkpoint has no schedule state: the lr_scheduler starts "
+                     "over" if schedule is None else "the checkpoint's schedule state is not used: the optimizer has "
+                     "no lr_scheduler")
     optimizer.refresh_parameters()
+    return common
 
 
 def _rechunk(real: torch.Tensor, optimizer, layout) -> torch.Tensor:

@@ -12,6 +12,8 @@ from typing import Any, Mapping, Optional
 
 from . import deepspeed_config
 from .errors import ZeroConfigError
+from .optim_factory import OptimizerConfig
+from .schedulers import SchedulerConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMM_ALGORITHMS = ("native", "ring", "tree", "recursive_doubling", "shm", "hierarchical", "auto")
@@ -114,12 +116,30 @@ class ZeroConfig:
     this x 4 bytes x the state tensors per element (Adam: 2, 3 with a separate master)."""
     consecutive_hysteresis: bool = False
     """fp16: refill the hysteresis after every step without overflow (DeepSpeed's consecutive_hysteresis)."""
+    optimizer: Optional[OptimizerConfig] = None
+    """The optimizer ``initialize`` builds when it is given no factory (DeepSpeed's ``optimizer`` section; a dict
+    ``{"type": ..., "params": {...}}`` is read as one).  None: a factory must be passed."""
+    scheduler: Optional[SchedulerConfig] = None
+    """A learning-rate schedule stepped by ``optimizer.step()`` after each applied update (DeepSpeed's
+    ``scheduler`` section; a dict is read as one)."""
+    steps_per_print: Optional[int] = None
+    """Log ``step=…, skipped=…, lr=…, mom=…`` on rank 0 every this many optimizer steps (skipped ones included),
+    at INFO level on the ``zerocomm.zero`` logger, as DeepSpeed does.  None: never."""
     debug: bool = False
     """Stage 3: before each unit's gather and reduction, check that every rank is at the same unit
     and phase, and raise ``ZeroStateError`` naming both ranks at the first divergence (one small
     all_gather per check)."""
 
     def __post_init__(self) -> None:
+        for name, cls in (("optimizer", OptimizerConfig), ("scheduler", SchedulerConfig)):
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, cls.from_dict(value))  # a DeepSpeed section, read once here
+            elif value is not None and not isinstance(value, cls):
+                raise ZeroConfigError(f"{name} must be a {cls.__name__}, a DeepSpeed {name} section or None, "
+                                      f"got {value!r}")
+        if self.steps_per_print is not None:
+            _check_int("steps_per_print", self.steps_per_print, minimum=1)
         _check_choice("stage", self.stage, (0, 1, 2, 3))
         _check_choice("precision", self.precision, PRECISIONS)
         if self.algorithm is not None:

@@ -26,7 +26,7 @@ import torch
 
 from .checkpoint import chunk_width, resolve, shards_to_read
 from .errors import CheckpointError
-from .manifest import load_shard, read_manifest, shard_name
+from .manifest import COMMON, load_common, load_shard, read_manifest, shard_name
 
 def consolidate(path) -> dict[str, torch.Tensor]:
     """The full float32 ``state_dict`` of the checkpoint at ``path`` (a checkpoint folder or its parent)."""
@@ -34,11 +34,12 @@ def consolidate(path) -> dict[str, torch.Tensor]:
     manifest = read_manifest(folder)
     params = [torch.empty(shape, dtype=torch.float32) for _, shape in manifest["params"]]
     flat_params = [p.view(-1) for p in params]
-    extras: dict = {}
+    common = load_common(folder, manifest)
+    extras: dict = common["extras"] if common is not None else {}
     for rank in shards_to_read(manifest):
         shard = load_shard(folder, manifest, rank)
-        if rank == 0:
-            extras = shard.get("extras", {})
+        if rank == 0 and common is None:
+            extras = shard.get("extras", {})  # format 2 kept them in shard 0
         for bucket, chunk in zip(manifest["buckets"], shard["masters"]):
             width = chunk_width(manifest, bucket)
             lo, hi = rank * width, (rank + 1) * width
@@ -54,7 +55,8 @@ def consolidate(path) -> dict[str, torch.Tensor]:
         elif ref in extras:
             state[key] = extras[ref]
         else:
-            raise CheckpointError.at(folder / shard_name(0), f"the model's {key!r} is not in the shard's extras")
+            raise CheckpointError.at(folder / (COMMON if common is not None else shard_name(0)),
+                                     f"the model's {key!r} is not in the checkpoint's buffers and frozen parameters")
     return state
 
 
@@ -65,6 +67,7 @@ def verify(path) -> dict:
     manifest = read_manifest(folder)
     for index in range(manifest["world_size"]):
         load_shard(folder, manifest, index)
+    load_common(folder, manifest)
     return manifest
 
 

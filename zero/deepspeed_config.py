@@ -7,7 +7,7 @@
   (naming the alternative) when it asks for another;
 * ``IGNORED``: accepted with one logged line saying why nothing changes (a performance knob of DeepSpeed's
   own kernels, a logging switch);
-* ``LOOP``: a training-loop key (batch sizes, logging cadence, optimizer, scheduler): zerocomm does not
+* ``LOOP``: a training-loop key (batch sizes, data loading, seeding): zerocomm does not
   own the loop, so it only checks what can be checked (``train_batch_size`` against the micro-batch,
   the accumulation steps and the world size, as DeepSpeed does);
 * ``REFUSED``: a key that would change results and is not implemented: refused naming the alternative.
@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import logging
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from .errors import ZeroConfigError
 
@@ -67,11 +68,14 @@ _TABLE = [
     Key("gradient_accumulation_steps", H, "gradient_accumulation_steps", default=1, kind=int),
     Key("managed_gradient_accumulation", F, why="zerocomm always counts micro-steps (step() is a no-op before the "
         "boundary)", default=True, kind=bool),
-    Key("steps_per_print", L, why="zerocomm does not print the loop's progress", default=10, kind=int),
+    Key("steps_per_print", H, "steps_per_print", why="step, skips, lr and momentum logged on rank 0 (the "
+        "zerocomm.zero logger, INFO); unset: no progress lines, as in DeepSpeed's code", kind=int),
     Key("wall_clock_breakdown", L, why="time steps with zerocomm.comm.profile() instead", default=False, kind=bool),
     Key("dump_state", L, why="print(optimizer) instead", default=False, kind=bool),
-    Key("optimizer", L, why="the optimizer comes from the optimizer_factory passed to initialize"),
-    Key("scheduler", L, why="build a torch.optim.lr_scheduler on optimizer.optimizer"),
+    Key("optimizer", H, "optimizer", why="built by initialize when no optimizer factory is passed (Adam, AdamW, "
+        "Adagrad, elementwise torch.optim classes)"),
+    Key("scheduler", H, "scheduler", why="built by initialize and stepped after each applied update (WarmupLR, "
+        "WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest, torch.optim.lr_scheduler classes)"),
     Key("gradient_clipping", H, "gradient_clipping", default=0.0, kind=float),
     Key("prescale_gradients", I, why="zerocomm averages with ReduceOp.AVG; dividing before or after the sum gives "
         "the same mean up to rounding", default=False, kind=bool),
@@ -445,6 +449,36 @@ def _concrete(flat: dict, path: str) -> Optional[int]:
     if value is None or value == "auto":
         return None
     return _typed(KEYS[path], value)
+
+
+def check_params(what: str, target, params: Mapping, *, skip: Sequence[str] = ()) -> None:
+    """For the optimizer and scheduler sections: refuse ``"auto"`` values and keyword arguments ``target`` does
+    not take, quoting them."""
+    autos = sorted(key for key, value in params.items() if isinstance(value, str) and value == "auto")
+    if autos:
+        raise ZeroConfigError(f"{what}: params {autos} are 'auto', which the Hugging Face Trainer fills in from its "
+                              f"TrainingArguments; zerocomm has no such arguments: write the values")
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        return
+    accepted = [name for name in signature.parameters if name not in skip and name not in ("self", "params")]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ZeroConfigError(f"{what}: unknown params {unknown}; it takes {accepted}")
+
+
+def section_of(name: str, section: Mapping) -> dict:
+    """``{"type", "params"}`` of a DeepSpeed ``optimizer`` or ``scheduler`` section, checked."""
+    if not isinstance(section, Mapping):
+        raise ZeroConfigError(f"the {name} section must be a dict with 'type' and 'params', got {section!r}")
+    unknown = sorted(set(section) - {"type", "params"})
+    if unknown or "type" not in section:
+        raise ZeroConfigError(f"the {name} section takes 'type' and 'params', got keys {sorted(section)}")
+    params = section.get("params") or {}
+    return {"type": section["type"], "params": dict(params) if isinstance(params, Mapping) else params}
 
 
 def table() -> list[tuple[str, str, str, str]]:

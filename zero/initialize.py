@@ -1,21 +1,27 @@
-"""``zerocomm.zero.initialize``: wrap a model and an optimizer factory in a ZeRO stage.
+"""``zerocomm.zero.initialize``: wrap a model and its optimizer in a ZeRO stage.
 
-    model, optimizer = zerocomm.zero.initialize(model, lambda params: torch.optim.AdamW(params, lr=1e-3),
-                                                {"zero_optimization": {"stage": 2}})
+    model, optimizer = zerocomm.zero.initialize(model, config={
+        "zero_optimization": {"stage": 2},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 100, "warmup_max_lr": 1e-3}}})
     for batch in data:
         loss = loss_fn(model(batch.x), batch.y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
 
+or with a factory instead of the config's optimizer section:
+``initialize(model, lambda groups: torch.optim.AdamW(groups, lr=1e-3), config)``.
+
 The model is returned as it came (the same module, with hooks added and its parameters turned into
-views of a flat buffer); the optimizer is a ``ZeroOptimizer`` (its parts chosen by the stage) with ``step``,
-``zero_grad``, ``model_state_bytes``, ``synchronize`` and the torch optimizer over this rank's master shards as
-``optimizer.optimizer`` (build learning-rate schedulers on that one).
+views of a flat buffer); the optimizer is a ``ZeroOptimizer`` (its parts chosen by the stage), a
+``torch.optim.Optimizer`` whose ``param_groups`` hold this rank's master shards, with ``step`` (True when an
+update was applied), ``zero_grad``, ``save``/``load``, ``lr_scheduler``, ``model_state_bytes`` and
+``synchronize``; the torch optimizer over the shards is ``optimizer.optimizer``.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, Union
 
 from torch import nn
 
@@ -40,21 +46,28 @@ def as_config(config: Union[ZeroConfig, Mapping[str, Any], None], *, world_size:
     raise ZeroConfigError(f"config must be a ZeroConfig, a DeepSpeed-style dict or None, got {type(config).__name__}")
 
 
-def initialize(model: nn.Module, optimizer_factory: OptimizerFactory,
-               config: Union[ZeroConfig, Mapping[str, Any], None] = None,
-               group=None) -> tuple[nn.Module, ZeroOptimizer]:
+def initialize(model: nn.Module, optimizer: Optional[OptimizerFactory] = None,
+               config: Union[ZeroConfig, Mapping[str, Any], None] = None, *,
+               model_parameters: Optional[Iterable] = None, group=None) -> tuple[nn.Module, ZeroOptimizer]:
     """Shard ``model``'s training state across ``group`` (default: the world) with the configured stage.
 
     Every rank of ``group`` calls it with the same model structure; parameters and buffers are
-    broadcast from the group's rank 0.  ``optimizer_factory(params)`` receives this rank's float32
-    master shards (a list of tensors, one per bucket) and returns a ``torch.optim.Optimizer`` over
-    exactly them; elementwise optimizers (SGD, Adam, AdamW, ...) then give the same updates as on
-    full parameters.  Returns ``(model, optimizer)``.
+    broadcast from the group's rank 0.  The torch optimizer over this rank's float32 master shards
+    comes from ``optimizer``, a factory: ``optimizer(groups)`` receives torch-style parameter groups
+    of shards (``[{"params": [shards...], **group options}, ...]``, one per group of
+    ``model_parameters``) and returns a ``torch.optim.Optimizer`` over exactly them; elementwise
+    optimizers (SGD, Adam, AdamW, ...) then give the same updates as on full parameters.  Without a
+    factory the config's ``optimizer`` section builds it (optim_factory.py); both at once are refused.
+    The config's ``scheduler`` section becomes ``optimizer.lr_scheduler``, stepped after each applied
+    update (schedulers.py).
+
+    ``model_parameters``: the parameters to train, or torch-style groups (dicts with ``"params"`` and
+    hyperparameters that override the optimizer's for that group); default: every parameter that
+    requires grad, in one group.  A bucket never mixes groups.
+
+    Returns ``(model, optimizer)``: the same module, and a ``ZeroOptimizer`` (a ``torch.optim.Optimizer``).
     """
     config = as_config(config, world_size=dist.get_world_size(group), model=model)
     if not isinstance(model, nn.Module):
         raise ZeroConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not callable(optimizer_factory):
-        raise ZeroConfigError(f"optimizer_factory must be callable (params -> optimizer), got "
-                              f"{type(optimizer_factory).__name__}")
-    return model, ZeroOptimizer(model, optimizer_factory, config, group)
+    return model, ZeroOptimizer(model, optimizer, config, group, model_parameters=model_parameters)

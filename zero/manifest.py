@@ -3,11 +3,16 @@
 Layout of one checkpoint folder ``step-00000020``::
 
     shard-00000.pt ...   one per rank (torch.save): its float32 master chunks, its optimizer state_dict,
-                         the checkpoint's run id, its rank and the world size; rank 0's also holds
-                         buffers and parameters outside ZeRO
+                         the checkpoint's run id, its rank and the world size
+    common.pt            written by rank 0, read by every rank on load: the model's buffers and the
+                         parameters outside ZeRO (frozen ones), the learning-rate schedule's state and
+                         the caller's ``client_state``
     manifest.json        written after every shard is complete: format, run id, world size, stage,
                          parameters, bucket layout, dtype and shape of every tensor a shard holds,
-                         scaler, counters, and per shard its byte size and CRC-32
+                         scaler, counters, and per shard (and for common.pt) its byte size and CRC-32
+
+Format 2 (before common.pt) kept the buffers in shard 0 and had no schedule or client state; it is still
+read: consolidation takes its buffers from shard 0, and a load leaves the model's buffers as they are.
 
 [Note: what the manifest guards]
 The manifest is ``{"manifest": {...}, "crc32": "xxxxxxxx"}``, the CRC taken over the canonical JSON of
@@ -32,8 +37,11 @@ import torch
 from .errors import (CheckpointCorruptError, CheckpointError, CheckpointForeignError, CheckpointIncompatibleError,
                      CheckpointMissingShardError, CheckpointNotFoundError)
 
-FORMAT = "zerocomm.zero.checkpoint/2"
+FORMAT = "zerocomm.zero.checkpoint/3"
+READABLE = (FORMAT, "zerocomm.zero.checkpoint/2")
+"""Formats this zerocomm loads (2: buffers in shard 0, no common.pt)."""
 MANIFEST = "manifest.json"
+COMMON = "common.pt"
 OLD_META = "meta.json"
 """What format 1 (zerocomm before checksums) wrote instead of a manifest."""
 
@@ -160,8 +168,9 @@ def read_manifest(folder: Path, rank: int | None = None) -> dict:
     if actual != recorded:
         raise CheckpointCorruptError.at(file, f"the manifest's CRC-32 is {actual}, but it records {recorded}: "
                                         f"the manifest was damaged", rank=rank)
-    if manifest.get("format") != FORMAT:
-        raise CheckpointIncompatibleError.at(file, f"format {manifest.get('format')!r}, expected {FORMAT!r}", rank=rank)
+    if manifest.get("format") not in READABLE:
+        raise CheckpointIncompatibleError.at(file, f"format {manifest.get('format')!r}, expected one of {READABLE}",
+                                             rank=rank)
     missing = [k for k in ("run_id", "world_size", "stage", "shards", "tensors", "buckets", "params") if k not in manifest]
     if missing or len(manifest["shards"]) != manifest["world_size"]:
         raise CheckpointCorruptError.at(file, f"fields {missing} missing or {len(manifest.get('shards', []))} shards "
@@ -174,11 +183,16 @@ def verify_shard(folder: Path, manifest: dict, index: int, rank: int | None = No
 
     Raises ``CheckpointMissingShardError``, ``CheckpointCorruptError`` (size or CRC) or
     ``CheckpointForeignError`` (a whole shard of another save: its own run id differs)."""
-    entry = manifest["shards"][index]
+    return verify_entry(folder, manifest, manifest["shards"][index], rank,
+                        missing=f"shard missing (the checkpoint was written by {manifest['world_size']} ranks)")
+
+
+def verify_entry(folder: Path, manifest: dict, entry: dict, rank: int | None = None, *, missing: str) -> Path:
+    """Check the file a manifest entry (``{"file", "bytes", "crc32"}``) names: present (else
+    ``CheckpointMissingShardError`` with ``missing``), of the recorded size and CRC-32; returns its path."""
     file = folder / entry["file"]
     if not file.is_file():
-        raise CheckpointMissingShardError.at(file, f"shard missing (the checkpoint was written by "
-                                             f"{manifest['world_size']} ranks)", rank=rank)
+        raise CheckpointMissingShardError.at(file, missing, rank=rank)
     size = file.stat().st_size
     if size != entry["bytes"]:
         raise CheckpointCorruptError.at(file, f"{size} bytes, but {MANIFEST} records {entry['bytes']}: truncated "
@@ -192,6 +206,36 @@ def verify_shard(folder: Path, manifest: dict, index: int, rank: int | None = No
         raise CheckpointCorruptError.at(file, f"CRC-32 {crc}, but {MANIFEST} records {entry['crc32']}: the "
                                         f"shard's bytes changed after it was written", rank=rank)
     return file
+
+
+def write_common(common: dict, folder: Path) -> dict:
+    """Rank 0: write ``folder/common.pt`` and check that it loads as ``load_common`` will load it (tensors and
+    plain Python values only, ``torch.load(weights_only=True)``); returns its manifest entry."""
+    file = folder / COMMON
+    nbytes, crc = write_shard(common, file)
+    try:
+        torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - whatever the unpickler refuses
+        raise CheckpointError.at(file, f"client_state or the schedule's state holds objects a checkpoint cannot "
+                                 f"load safely (torch.load(weights_only=True) refuses them: {error}); keep tensors, "
+                                 f"numbers, strings, lists and dicts there") from None
+    return {"file": COMMON, "bytes": nbytes, "crc32": f"{crc:08x}"}
+
+
+def load_common(folder: Path, manifest: dict, rank: int | None = None) -> dict | None:
+    """``common.pt``, verified against the manifest, or None for a format-2 checkpoint (which has none)."""
+    entry = manifest.get("common")
+    if entry is None:
+        return None
+    file = verify_entry(folder, manifest, entry, rank, missing="the checkpoint's common file is missing")
+    try:
+        common = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001
+        raise CheckpointCorruptError.at(file, f"cannot read it: {error}", rank=rank) from None
+    if not isinstance(common, dict) or common.get("run_id") != manifest["run_id"]:
+        raise CheckpointForeignError.at(file, f"run id {common.get('run_id') if isinstance(common, dict) else None}, "
+                                        f"but {MANIFEST} has {manifest['run_id']}", rank=rank)
+    return common
 
 
 def _run_id_inside(file: Path) -> str | None:

@@ -39,12 +39,15 @@ for them, so a model with unused parameters cannot hang the other ranks.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import functools
+import logging
 import math
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -56,13 +59,19 @@ from .errors import ZeroConfigError, ZeroStateError
 from .gradients import BucketState, FullGradients, GradientBucket, ShardedGradients, tensor_bytes
 from .offload import build_optimizer_state, state_placement
 from .offload_param import note_unsharded_param_offload
+from .optim_factory import build_optimizer
 from .optimizer_state import OptimizerFactory
+from .param_groups import param_groups_of
 from .partition import flatten_params
 from .precision import (LossScaler, cast_inputs, clip_coefficient, compute_dtype, global_sum_of_squares,
                         scale_outputs)
 from .replicated import ReplicatedParameters
+from .schedulers import build_scheduler
 from .sharded import ShardedParameters
 from .stages import GradientPlacement, ParameterPlacement, plan_for
+from .torch_state import load_rank_state, rank_state
+
+log = logging.getLogger("zerocomm.zero")
 
 __all__ = ["ZeroOptimizer", "BackwardTimeline", "OptimizerFactory", "managed_parameters", "tensor_bytes"]
 
@@ -116,16 +125,41 @@ def managed_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return named[::-1]
 
 
-class ZeroOptimizer:
+def resolve_factory(optimizer_factory: Optional[OptimizerFactory], config: ZeroConfig) -> OptimizerFactory:
+    """The factory to build the torch optimizer with: the one passed, or the config's ``optimizer`` section."""
+    if optimizer_factory is not None and config.optimizer is not None:
+        name = getattr(optimizer_factory, "__name__", optimizer_factory)
+        raise ZeroConfigError(f"both an optimizer factory ({name!r}) "
+                              f"and the config's optimizer section ({config.optimizer.type} {config.optimizer.params}) "
+                              f"were given: remove one of them")
+    if optimizer_factory is None:
+        if config.optimizer is None:
+            raise ZeroConfigError("no optimizer: pass an optimizer factory (params -> torch.optim.Optimizer) or "
+                                  "give the config an optimizer section")
+        return functools.partial(build_optimizer, config.optimizer)
+    if not callable(optimizer_factory):
+        raise ZeroConfigError(f"the optimizer factory must be callable (param groups -> optimizer), got "
+                              f"{type(optimizer_factory).__name__}")
+    return optimizer_factory
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
     """The ZeRO optimizer of every stage; built by ``zerocomm.zero.initialize``.
 
     Every rank of ``group`` constructs it (the initial parameters and buffers are broadcast from
     the group's rank 0), and every rank calls ``step`` the same number of times.  The parts are
     ``self.gradients``, ``self.parameters`` and ``self.optimizer_state``; ``self.plan`` is the row
     of the stage table they were chosen from.
+
+    It is a ``torch.optim.Optimizer``: ``param_groups`` (one per parameter group, holding this rank's
+    float32 master shards of that group and its hyperparameters), ``state``, ``defaults``,
+    ``state_dict``/``load_state_dict`` and step hooks are those of the torch optimizer over the shards
+    (``self.optimizer``), so changing a group's ``lr`` changes the next update and torch's
+    learning-rate schedulers take this object.
     """
 
-    def __init__(self, model: nn.Module, optimizer_factory: OptimizerFactory, config: ZeroConfig, group=None):
+    def __init__(self, model: nn.Module, optimizer_factory: Optional[OptimizerFactory], config: ZeroConfig,
+                 group=None, *, model_parameters: Optional[Iterable] = None):
         self.model, self.config, self.group = model, config, group
         self.plan = plan_for(config)
         self.stage = int(self.plan.stage)
@@ -137,13 +171,17 @@ class ZeroOptimizer:
         named = managed_parameters(model)
         if not named:
             raise ZeroConfigError(f"rank {self.rank}: the model has no parameters that require grad")
+        factory = resolve_factory(optimizer_factory, config)
+        self.groups = param_groups_of(model, named, model_parameters, rank=self.rank)
+        """The parameter groups: each managed parameter's group and each group's options (param_groups.py)."""
         self.step_algorithm = step_algorithm(config, group, self.world_size, named[0][1].device)
         """The algorithm of the step's collectives: "shm" when every rank shares this host (see ``step_algorithm``)."""
         if self.step_algorithm != config.algorithm:
             config = dataclasses.replace(config, algorithm=self.step_algorithm)  # what the parts read
         sharded = self.plan.parameters is ParameterPlacement.SHARDED
         placement = ShardedParameters if sharded else ReplicatedParameters
-        named, self.layouts, *units = placement.plan(model, named, config, self.world_size)
+        named, self.layouts, *units = placement.plan(model, named, config, self.world_size,
+                                                     param_groups=self.groups.indices(named))
         self.param_names = [name for name, _ in named]
         self.params = [param for _, param in named]
         full32 = flatten_params(self.params, self.layouts, torch.float32)
@@ -159,8 +197,10 @@ class ZeroOptimizer:
         self._param_shards = [self.parameters.shard(layout) for layout in self.layouts]
         copies = None if self.dtype == torch.float32 else [self.parameters.owned_float32(full32, layout)
                                                            for layout in self.layouts]
+        bucket_groups = [layout.group for layout in self.layouts]
+        grouped = lambda masters: factory(self.groups.shard_groups(masters, bucket_groups))  # noqa: E731
         self.optimizer_state = build_optimizer_state(self.plan.optimizer_state, self._param_shards, copies,
-                                                     optimizer_factory, self.rank, config,
+                                                     grouped, self.rank, config,
                                                      device=self.parameters.device,
                                                      param_store=getattr(self.parameters, "store", None))
         del full32, copies
@@ -192,6 +232,9 @@ class ZeroOptimizer:
         self.step_count = 0
         """Optimizer steps applied (skipped fp16 overflow steps not included)."""
         self.skipped_steps = 0
+        """Steps skipped because fp16 gradients overflowed on some rank."""
+        self.global_steps = 0
+        """Steps at the accumulation boundary, applied or skipped (DeepSpeed's ``global_steps``)."""
         self.last_grad_norm: Optional[float] = None
         """Global L2 norm of the last step's gradients, when clipping or fp16 computed it."""
         self.timeline = BackwardTimeline()
@@ -201,12 +244,55 @@ class ZeroOptimizer:
         self._handles += self.parameters.install(model)
         if self.scaler is not None:
             self._handles.append(model.register_forward_hook(self._scale_outputs))
+        self._become_torch_optimizer()
+        self.lr_scheduler = build_scheduler(config.scheduler, self) if config.scheduler is not None else None
+        """The learning-rate schedule ``step()`` advances after each applied update (the config's ``scheduler``;
+        assign any object with ``step``/``state_dict``/``load_state_dict`` to have it stepped and checkpointed)."""
+
+    def _become_torch_optimizer(self) -> None:
+        """What ``torch.optim.Optimizer``'s own methods read: its hook tables and the step wrapper that runs
+        them.  ``param_groups``, ``state`` and ``defaults`` are the inner optimizer's (properties below), so
+        nothing is copied and a torch scheduler's lr reaches the update.  torch's ``__init__`` is not called:
+        it would make groups of its own."""
+        for table in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
+                      "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks",
+                      "_optimizer_load_state_dict_post_hooks"):
+            setattr(self, table, collections.OrderedDict())
+        self._warned_capturable_if_run_uncaptured = True
+        self._patch_step_function()
 
     # -- the parts' views -----------------------------------------------------------------------
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        """The torch optimizer over this rank's float32 master shards (build lr schedulers on it)."""
+        """The torch optimizer over this rank's float32 master shards (one group per parameter group)."""
         return self.optimizer_state.optimizer
+
+    @property
+    def param_groups(self) -> list:
+        """One dict per parameter group: ``"params"`` (this rank's master shards of the group) and its
+        hyperparameters; the inner optimizer's own list, so a changed ``lr`` is the next update's."""
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> dict:
+        """The optimizer's state per master shard (Adam's moments of this rank's elements)."""
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict:
+        return self.optimizer.defaults
+
+    def add_param_group(self, param_group: dict) -> None:
+        raise ZeroConfigError("a ZeroOptimizer's parameter groups are fixed when it is built: pass every group in "
+                              "initialize(model_parameters=[...])")
+
+    def get_lr(self) -> list:
+        """Each group's learning rate (DeepSpeed's ``get_lr``)."""
+        return [group["lr"] for group in self.param_groups]
+
+    def get_mom(self) -> list:
+        """Each group's ``betas``, or its ``momentum`` for optimizers without betas (DeepSpeed's ``get_mom``)."""
+        return [group.get("betas", group.get("momentum", 0.0)) for group in self.param_groups]
 
     @property
     def master(self) -> list:
@@ -315,16 +401,18 @@ class ZeroOptimizer:
         """True when the last backward ended a cycle and ``step()`` will apply it."""
         return self._reduced
 
-    def step(self, closure=None) -> None:
-        """Apply the reduced gradients; a no-op before the accumulation boundary.
+    def step(self, closure=None) -> bool:
+        """Apply the reduced gradients; returns True when the update was applied, False when there was none: a
+        call before the accumulation boundary (a no-op), or an fp16 step skipped for overflow.
 
         Every rank calls it.  fp16: a step whose gradients overflowed on any rank is skipped on
-        every rank (``skipped_steps``) and the loss scale falls.
+        every rank (``skipped_steps``) and the loss scale falls.  After an applied update the
+        ``lr_scheduler`` advances; every boundary step counts toward ``steps_per_print``.
         """
         if closure is not None:
             raise ZeroConfigError("ZeRO optimizers do not take a closure: run forward and backward before step()")
         if not self._reduced:
-            return None
+            return False
         for bucket in self.buckets:
             bucket.wait()
         self.parameters.wait_all()  # a gather still in flight reads the chunk the optimizer is about to write
@@ -339,7 +427,8 @@ class ZeroOptimizer:
                 self.scaler.update(overflow=True)
                 self.skipped_steps += 1
                 self._end_step()
-                return None
+                self._after_boundary(applied=False)
+                return False
             self.last_grad_norm = math.sqrt(sumsq)
             if self.config.gradient_clipping > 0:
                 coefficient = clip_coefficient(self.last_grad_norm, self.config.gradient_clipping)
@@ -352,7 +441,19 @@ class ZeroOptimizer:
         self.parameters.after_step()
         self.step_count += 1
         self._end_step()
-        return None
+        self._after_boundary(applied=True)
+        return True
+
+    def _after_boundary(self, applied: bool) -> None:
+        """DeepSpeed's order after a boundary step: the schedule advances after an applied update only; the
+        progress line counts every boundary step."""
+        if applied and self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.global_steps += 1
+        every = self.config.steps_per_print
+        if every and self.global_steps % every == 0 and self.rank == 0:
+            log.info("[Rank %d] step=%d, skipped=%d, lr=%s, mom=%s", dist.get_rank(), self.global_steps,
+                     self.skipped_steps, self.get_lr(), self.get_mom())
 
     def _end_step(self) -> None:
         for bucket in self.buckets:
@@ -401,21 +502,33 @@ class ZeroOptimizer:
         """Wait for the post-step parameter all_gather, so the model's parameters are current."""
         self.parameters.wait_all()
 
-    def save(self, path) -> Path:
-        """Write a sharded checkpoint under ``path`` (every rank calls it; see checkpoint.py)."""
-        return save_checkpoint(self, path)
+    def save(self, path, client_state: Optional[dict] = None) -> Path:
+        """Write a sharded checkpoint under ``path`` (every rank calls it; see checkpoint.py): parameters,
+        optimizer state, counters, loss scale, the ``lr_scheduler``'s state, the model's buffers and frozen
+        parameters, and ``client_state`` (anything ``torch.save`` takes; rank 0's is kept).  Returns its folder."""
+        return save_checkpoint(self, path, client_state=client_state)
 
-    def load(self, path) -> Path:
-        """Restore a checkpoint written at any world size (every rank calls it; see checkpoint.py)."""
+    def load(self, path) -> tuple[Path, Optional[dict]]:
+        """Restore a checkpoint written at any world size (every rank calls it; see checkpoint.py), buffers,
+        frozen parameters and the ``lr_scheduler``'s state included.  Returns ``(folder, client_state)``, as
+        DeepSpeed's ``load_checkpoint`` does."""
         return load_checkpoint(self, path)
+
+    def state_dict(self) -> dict:
+        """This rank's state: torch's ``"state"`` and ``"param_groups"`` over its master shards, and ``"zero"``
+        (its float32 masters, counters, loss scaler and ``lr_scheduler`` state).  Tensors are the live ones, as
+        in torch (``copy.deepcopy`` or ``torch.save`` to keep a snapshot); ``load_state_dict`` takes it back
+        on the same rank of a group of the same size (``save``/``load`` reshard)."""
+        return rank_state(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore what ``state_dict`` returned on this rank; every rank calls it (the parameters are written
+        back from the masters and gathered)."""
+        load_rank_state(self, state_dict)
 
     @property
     def loss_scale(self) -> float:
         return self.scaler.scale if self.scaler is not None else 1.0
-
-    @property
-    def param_groups(self) -> list:
-        return self.optimizer.param_groups
 
     # -- inspection -------------------------------------------------------------------------------
     def model_state_bytes(self) -> dict[str, int]:

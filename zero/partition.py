@@ -19,7 +19,7 @@ copy tensors into a flat buffer and rebind parameters to views of it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 
@@ -55,6 +55,8 @@ class BucketLayout:
     """First element of the bucket in the flat buffer."""
     shard_offset: int
     """First element of this bucket's chunk in every rank's shard."""
+    group: int = 0
+    """The parameter group (``initialize``'s ``model_parameters``) every parameter of the bucket belongs to."""
 
     @property
     def chunk_numel(self) -> int:
@@ -74,8 +76,9 @@ class BucketLayout:
 
 
 def layout_groups(groups: Sequence[Sequence[tuple[str, tuple]]], world_size: int,
-                  alignment: int = 1) -> list[BucketLayout]:
-    """One ``BucketLayout`` per group of ``(name, shape)`` pairs, in order.
+                  alignment: int = 1, param_groups: Optional[Sequence[int]] = None) -> list[BucketLayout]:
+    """One ``BucketLayout`` per group of ``(name, shape)`` pairs, in order; ``param_groups[b]`` is
+    bucket b's parameter group (default: 0 for every bucket).
 
     Parameter indices run over all groups in order.  Raises ``ValueError`` for an empty group,
     a world size or alignment below 1.
@@ -99,36 +102,45 @@ def layout_groups(groups: Sequence[Sequence[tuple[str, tuple]]], world_size: int
             inner += numel
         padded = max(padded_numel(inner, world_size * alignment), world_size * alignment)
         layouts.append(BucketLayout(index=bucket_index, slots=tuple(slots), numel=inner, padded_numel=padded,
-                                    world_size=world_size, offset=offset, shard_offset=shard_offset))
+                                    world_size=world_size, offset=offset, shard_offset=shard_offset,
+                                    group=param_groups[bucket_index] if param_groups is not None else 0))
         offset += padded
         shard_offset += padded // world_size
     return layouts
 
 
 def plan_buckets(named_shapes: Iterable[tuple[str, tuple]], bucket_numel: int, world_size: int,
-                 alignment: int = 1) -> list[BucketLayout]:
+                 alignment: int = 1, param_groups: Optional[Sequence[int]] = None) -> list[BucketLayout]:
     """Greedy buckets of at most ``bucket_numel`` elements in the given order.
 
     A parameter larger than ``bucket_numel`` gets a bucket of its own; parameters keep their
-    order, so the first bucket holds the first gradients to become ready.
+    order, so the first bucket holds the first gradients to become ready.  With ``param_groups``
+    (one group index per parameter) a bucket holds parameters of one group only: each group fills
+    its own open bucket, and buckets are laid out in the order they fill up (the order their last
+    gradients become ready), so interleaved groups (weights and biases) still make full buckets.
+    Slot indices then follow the layout order, not the given one.
     """
     if bucket_numel < 1:
         raise ValueError(f"plan_buckets: bucket_numel must be at least 1, got {bucket_numel}")
-    groups: list[list[tuple[str, tuple]]] = []
-    current: list[tuple[str, tuple]] = []
-    filled = 0
-    for name, shape in named_shapes:
+    named_shapes = list(named_shapes)
+    if param_groups is not None and len(param_groups) != len(named_shapes):
+        raise ValueError(f"plan_buckets: {len(named_shapes)} parameters but {len(param_groups)} group indices")
+    closed: list[tuple[int, list[tuple[str, tuple]]]] = []
+    open_buckets: dict[int, tuple[list[tuple[str, tuple]], int]] = {}  # group -> (its open bucket, elements)
+    for position, (name, shape) in enumerate(named_shapes):
+        group = param_groups[position] if param_groups is not None else 0
         numel = 1
         for d in shape:
             numel *= int(d)
+        current, filled = open_buckets.get(group, ([], 0))
         if current and filled + numel > bucket_numel:
-            groups.append(current)
+            closed.append((group, current))
             current, filled = [], 0
         current.append((name, tuple(shape)))
-        filled += numel
-    if current:
-        groups.append(current)
-    return layout_groups(groups, world_size, alignment)
+        open_buckets[group] = (current, filled + numel)
+    closed += [(group, current) for group, (current, _) in open_buckets.items() if current]
+    return layout_groups([bucket for _, bucket in closed], world_size, alignment,
+                         param_groups=[group for group, _ in closed])
 
 
 def flat_numel(layouts: Sequence[BucketLayout]) -> int:

@@ -64,10 +64,14 @@ class ReplicatedParameters:
         self._owned = self._chunk if sharded_updates else [(0, layout.padded_numel) for layout in self.layouts]
 
     @staticmethod
-    def plan(model: nn.Module, named: list, config: ZeroConfig, world_size: int) -> tuple[list, list]:
-        """(named parameters in layout order, buckets): greedy buckets in gradient-ready order."""
-        return named, plan_buckets([(name, tuple(p.shape)) for name, p in named], config.reduce_bucket_numel,
-                                   world_size, config.shard_alignment)
+    def plan(model: nn.Module, named: list, config: ZeroConfig, world_size: int,
+             param_groups: Optional[Sequence[int]] = None) -> tuple[list, list]:
+        """(named parameters in layout order, buckets): greedy buckets in gradient-ready order, each holding
+        parameters of one group (``param_groups``: each parameter's group)."""
+        layouts = plan_buckets([(name, tuple(p.shape)) for name, p in named], config.reduce_bucket_numel,
+                               world_size, config.shard_alignment, param_groups=param_groups)
+        by_name = dict(named)
+        return [(slot.name, by_name[slot.name]) for layout in layouts for slot in layout.slots], layouts
 
     # -- what the optimizer updates --------------------------------------------------------------
     @property

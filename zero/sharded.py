@@ -55,7 +55,7 @@ from .errors import ZeroStateError
 from .gradients import release_storage, tensor_bytes
 from .offload_param import build_param_store
 from .partition import BucketLayout, layout_groups, slot_views
-from .units import plan_units
+from .units import plan_units, split_units_by_group
 
 _PHASES = {"forward": 0, "backward": 1, "reduce": 2, "gather": 3}
 
@@ -112,18 +112,23 @@ class ShardedParameters:
         self.peak_live_numel = 0
         self.prefetches = 0
         """Gathers started ahead of the unit that needed them."""
-        self._root_unit: Optional[int] = None  # the unit of the model itself, if it owns parameters
+        self._root_units: set = set()  # the units of the model itself (one per parameter group), if it owns any
 
     @staticmethod
-    def plan(model: nn.Module, named: list, config: ZeroConfig, world_size: int) -> tuple[list, list, list]:
-        """(named parameters in layout order, one bucket per unit, the units)."""
-        units = plan_units(model, named, config.stage3_param_persistence_threshold)
+    def plan(model: nn.Module, named: list, config: ZeroConfig, world_size: int,
+             param_groups: Optional[Sequence[int]] = None) -> tuple[list, list, list]:
+        """(named parameters in layout order, one bucket per unit, the units); a unit whose parameters belong
+        to several groups (``param_groups``: each parameter's group) becomes one unit per group, gathered
+        together around the same module."""
+        units = split_units_by_group(plan_units(model, named, config.stage3_param_persistence_threshold),
+                                     param_groups)
         named = [named[i] for unit in units for i in unit.param_indices]
         groups, start = [], 0
         for unit in units:
             groups.append([(name, tuple(p.shape)) for name, p in named[start:start + len(unit.param_indices)]])
             start += len(unit.param_indices)
-        return named, layout_groups(groups, world_size, config.shard_alignment), units
+        return named, layout_groups(groups, world_size, config.shard_alignment,
+                                    param_groups=[unit.group for unit in units]), units
 
     def _collectives_pin_storage(self, device) -> bool:
         """Whether a collective on a tensor leaves its storage unresizable (a backend that hands its
@@ -232,7 +237,7 @@ class ShardedParameters:
         if not self._order_known or after not in self._position_in_order:
             return
         position = self._position_in_order[after] + direction
-        if position < 0 and after == self._root_unit:
+        if position < 0 and after in self._root_units:
             position = len(self._order) - 1  # backward leaves the root's head for the last unit of forward
         budget, depth = self.config.stage3_prefetch_bucket_numel, self.config.stage3_prefetch_depth
         while 0 <= position < len(self._order) and budget > 0 and depth > 0:
@@ -255,12 +260,12 @@ class ShardedParameters:
             if plan.persistent:
                 continue
             if plan.module is model:
-                self._root_unit = u
+                self._root_units.add(u)
             else:
                 handles.append(plan.module.register_forward_pre_hook(self._unit_pre_forward(u)))
             handles.append(plan.module.register_forward_hook(self._unit_post_forward(u)))
-        if self._root_unit is not None:
-            handles.append(model.register_forward_pre_hook(self._unit_pre_forward(self._root_unit)))
+        for u in sorted(self._root_units):
+            handles.append(model.register_forward_pre_hook(self._unit_pre_forward(u)))
         handles.append(model.register_forward_hook(self._after_root_forward))
         return handles
 
@@ -282,7 +287,7 @@ class ShardedParameters:
             if backward_follows:
                 torch.autograd.graph.register_multi_grad_hook(tensors, lambda grads: self._pre_backward(u),
                                                               mode="any")
-            if not (backward_follows and u == self._root_unit):
+            if not (backward_follows and u in self._root_units):
                 self._release(u)
         return hook
 
@@ -293,11 +298,11 @@ class ShardedParameters:
             self._order_known = True
             self._position_in_order = {unit: i for i, unit in reversed(list(enumerate(self._order)))}
         for u in range(len(self.units)):
-            if u != self._root_unit or self._state[u] is not UnitState.GATHERED or not torch.is_grad_enabled():
+            if u not in self._root_units or self._state[u] is not UnitState.GATHERED or not torch.is_grad_enabled():
                 self._release(u)
 
     def _pre_backward(self, u: int) -> None:
-        if u == self._root_unit and self._state[u] is UnitState.GATHERED:
+        if u in self._root_units and self._state[u] is UnitState.GATHERED:
             self._check_path(u, "backward")  # kept from forward: no gather, but the ranks still compare paths
         self._gather(u, "backward")
         self._prefetch(u, -1, "backward")

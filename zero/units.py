@@ -32,6 +32,8 @@ class UnitPlan:
     """None for the persistent unit (it has no module of its own)."""
     param_indices: tuple
     persistent: bool = False
+    group: int = 0
+    """The parameter group of every parameter of the unit (see ``split_units_by_group``)."""
 
 
 def unit_module_names(model: nn.Module) -> list[str]:
@@ -80,3 +82,20 @@ def plan_units(model: nn.Module, managed: Sequence[tuple[str, nn.Parameter]],
     if persistent:
         plans.append(UnitPlan(name="<persistent>", module=None, param_indices=tuple(persistent), persistent=True))
     return plans
+
+
+def split_units_by_group(units: Sequence[UnitPlan], param_groups: Optional[Sequence[int]]) -> list[UnitPlan]:
+    """Each unit as one unit per parameter group among its parameters (``param_groups[i]``: managed parameter
+    i's group), in order of first appearance, so no bucket mixes groups.  Units of one module are gathered
+    and released by that module's hooks alike; the unit keeps its name, with the group added when split."""
+    if param_groups is None:
+        return list(units)
+    out = []
+    for unit in units:
+        by_group: dict[int, list[int]] = {}
+        for index in unit.param_indices:
+            by_group.setdefault(param_groups[index], []).append(index)
+        for group, indices in by_group.items():
+            name = unit.name if len(by_group) == 1 else f"{unit.name} (group {group})"
+            out.append(dataclasses.replace(unit, name=name, param_indices=tuple(indices), group=group))
+    return out
