@@ -11,6 +11,8 @@ from support import zero_offload_checks
 from support.worlds import worlds
 from zerocomm.zero import ZeroConfig, ZeroConfigError
 from zerocomm.zero.deepspeed_config import KEYS, Status
+from zerocomm.zero.optim_factory import OptimizerConfig
+from zerocomm.zero.schedulers import SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +47,8 @@ EXPECTED = {
     "fp16.initial_scale_power": 12, "zero_optimization.stage": 3, "zero_optimization.reduce_bucket_size": 30_000_000,
     "zero_optimization.cpu_offload": ("offload_optimizer", "cpu"), "zero_optimization.cpu_offload_param":
     ("offload_param", "cpu"), "zero_optimization.offload_optimizer.buffer_size": 100_000,
+    "optimizer": OptimizerConfig(type="AdamW", params={"lr": 3e-4}),
+    "scheduler": SchedulerConfig(type="WarmupLR", params={"warmup_num_steps": 10}),
 }
 
 
@@ -173,8 +177,7 @@ class _HFModel:
 def test_auto_is_resolved_as_the_hugging_face_integration_does_or_refused(caplog):
     zero = {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
             "stage3_param_persistence_threshold": "auto"}
-    config = ZeroConfig.from_deepspeed({"zero_optimization": zero, "optimizer": {"params": {"lr": "auto"}}},
-                                       model=_HFModel())
+    config = ZeroConfig.from_deepspeed({"zero_optimization": zero}, model=_HFModel())
     assert (config.reduce_bucket_numel, config.stage3_prefetch_bucket_numel,
             config.stage3_param_persistence_threshold) == (64 * 64, int(0.9 * 64 * 64), 640)
     caplog.set_level(logging.INFO, logger="zerocomm.zero.config")
@@ -182,7 +185,9 @@ def test_auto_is_resolved_as_the_hugging_face_integration_does_or_refused(caplog
     assert plain.reduce_bucket_numel == ZeroConfig().reduce_bucket_numel
     assert any("hidden_size" in m for m in _warnings(caplog))
     for config in ({"fp16": {"enabled": "auto"}}, {"bf16": {"enabled": "auto"}}, {"gradient_clipping": "auto"},
-                   {"zero_optimization": {"offload_optimizer": {"device": "auto"}}}):
+                   {"zero_optimization": {"offload_optimizer": {"device": "auto"}}},
+                   {"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}},  # initialize builds it: needs values
+                   {"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}}):
         with pytest.raises(ZeroConfigError, match="Hugging Face"):
             ZeroConfig.from_deepspeed(config)
 
