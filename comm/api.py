@@ -19,7 +19,8 @@ from typing import List, Optional
 
 import torch
 
-from . import torch_events, validate
+from . import staging, torch_events, validate
+from .errors import UnsupportedError
 from .group import WORLD, ride_all_reduce, short_all_reduce
 from .reduce_op import ReduceOp
 from .traffic import TrafficCounter, observing
@@ -45,7 +46,11 @@ def count_bytes():
 def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group=None, async_op: bool = False,
               group_src: Optional[int] = None, *, algorithm: Optional[str] = None):
     """Copy ``src``'s ``tensor`` into ``tensor`` on every rank of ``group``. Every member calls it."""
-    call = validate.broadcast(tensor, src, group, async_op, group_src, algorithm)
+    try:
+        call = validate.broadcast(tensor, src, group, async_op, group_src, algorithm)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, broadcast, (tensor, src, group, async_op, group_src),
+                             {"algorithm": algorithm}, group, async_op)
     if _profiling():
         return torch_events.run(call, "broadcast", (tensor,))
     return call.group.run(call)
@@ -62,7 +67,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, a
     if not async_op and compression is None and \
             (ride_all_reduce if WORLD.rides else short_all_reduce)(tensor, op, group, algorithm):
         return None  # a cell checked before, run at once (see group.short_all_reduce)
-    call = validate.all_reduce(tensor, op, group, async_op, algorithm, compression, compression_state)
+    try:
+        call = validate.all_reduce(tensor, op, group, async_op, algorithm, compression, compression_state)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, all_reduce, (tensor, op, group, async_op),
+                             {"algorithm": algorithm, "compression": compression,
+                              "compression_state": compression_state}, group, async_op)
     if _profiling():
         return torch_events.run(call, "all_reduce", (tensor,))
     return call.group.run(call)
@@ -71,7 +81,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, a
 def reduce(tensor: torch.Tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
            group_dst: Optional[int] = None, *, algorithm: Optional[str] = None):
     """Reduce ``tensor`` across ``group`` into ``dst``'s ``tensor``; other ranks' tensors are left unchanged."""
-    call = validate.reduce(tensor, dst, op, group, async_op, group_dst, algorithm)
+    try:
+        call = validate.reduce(tensor, dst, op, group, async_op, group_dst, algorithm)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, reduce, (tensor, dst, op, group, async_op, group_dst),
+                             {"algorithm": algorithm}, group, async_op)
     if _profiling():
         return torch_events.run(call, "reduce", (tensor,))
     return call.group.run(call)
@@ -84,7 +98,11 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     ``output_tensor`` holds ``world_size * input_tensor.numel()`` elements (shape ``(n*k, ...)`` or ``(n, k, ...)``);
     ``input_tensor`` may be this rank's chunk of it (in place).
     """
-    call = validate.all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorithm)
+    try:
+        call = validate.all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorithm)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, all_gather_into_tensor, (output_tensor, input_tensor, group, async_op),
+                             {"algorithm": algorithm}, group, async_op)
     if _profiling():
         return torch_events.run(call, "all_gather_into_tensor", (input_tensor,))
     return call.group.run(call)
@@ -92,7 +110,11 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm: Optional[str] = None):
     """``tensor_list[r]`` ← rank r's ``tensor``, on every rank. Every member calls it."""
-    call = validate.all_gather(tensor_list, tensor, group, async_op, algorithm)
+    try:
+        call = validate.all_gather(tensor_list, tensor, group, async_op, algorithm)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, all_gather, (tensor_list, tensor, group, async_op),
+                             {"algorithm": algorithm}, group, async_op)
     if _profiling():
         return torch_events.run(call, "all_gather", (tensor,))
     return call.group.run(call)
@@ -101,7 +123,11 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm: Op
 def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = None, dst: Optional[int] = None,
            group=None, async_op: bool = False, group_dst: Optional[int] = None, *, algorithm: Optional[str] = None):
     """``gather_list[r]`` on ``dst`` ← rank r's ``tensor``; ``gather_list`` is given on ``dst`` only."""
-    call = validate.gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm)
+    try:
+        call = validate.gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, gather, (tensor, gather_list, dst, group, async_op, group_dst),
+                             {"algorithm": algorithm}, group, async_op)
     if _profiling():
         return torch_events.run(call, "gather", (tensor,))
     return call.group.run(call)
@@ -110,7 +136,11 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
 def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = None, src: Optional[int] = None,
             group=None, async_op: bool = False, group_src: Optional[int] = None, *, algorithm: Optional[str] = None):
     """Rank r's ``tensor`` ← ``scatter_list[r]`` on ``src``; ``scatter_list`` is given on ``src`` only."""
-    call = validate.scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm)
+    try:
+        call = validate.scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, scatter, (tensor, scatter_list, src, group, async_op, group_src),
+                             {"algorithm": algorithm}, group, async_op)
     if _profiling():
         return torch_events.run(call, "scatter", scatter_list or ())
     return call.group.run(call)
@@ -119,7 +149,11 @@ def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = N
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
                           algorithm: Optional[str] = None):
     """``output`` on rank r ← chunk r of the ``op``-reduction of every rank's ``input`` (``n * output.numel()`` elements)."""
-    call = validate.reduce_scatter_tensor(output, input, op, group, async_op, algorithm)
+    try:
+        call = validate.reduce_scatter_tensor(output, input, op, group, async_op, algorithm)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, reduce_scatter_tensor, (output, input, op, group, async_op),
+                             {"algorithm": algorithm}, group, async_op)
     if _profiling():
         return torch_events.run(call, "reduce_scatter_tensor", (input,))
     return call.group.run(call)
@@ -128,7 +162,11 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
                    algorithm: Optional[str] = None):
     """``output`` on rank r ← the ``op``-reduction over ranks of their ``input_list[r]``."""
-    call = validate.reduce_scatter(output, input_list, op, group, async_op, algorithm)
+    try:
+        call = validate.reduce_scatter(output, input_list, op, group, async_op, algorithm)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, reduce_scatter, (output, input_list, op, group, async_op),
+                             {"algorithm": algorithm}, group, async_op)
     if _profiling():
         return torch_events.run(call, "reduce_scatter", input_list)
     return call.group.run(call)
@@ -140,8 +178,13 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
     Without split sizes, dim 0 is divided evenly by the group size.
     """
-    call = validate.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op,
+    try:
+        call = validate.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op,
                                       algorithm)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, all_to_all_single,
+                             (output, input, output_split_sizes, input_split_sizes, group, async_op),
+                             {"algorithm": algorithm}, group, async_op)
     if _profiling():
         return torch_events.run(call, "all_to_all", (input,))
     return call.group.run(call)
@@ -150,7 +193,11 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False, *,
                algorithm: Optional[str] = None):
     """``output_tensor_list[j]`` on rank r ← ``input_tensor_list[r]`` of rank j (sizes may differ per pair)."""
-    call = validate.all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm)
+    try:
+        call = validate.all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm)
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+        return staging.retry(error, all_to_all, (output_tensor_list, input_tensor_list, group, async_op),
+                             {"algorithm": algorithm}, group, async_op)
     if _profiling():
         return torch_events.run(call, "all_to_all", input_tensor_list)
     return call.group.run(call)

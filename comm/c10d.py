@@ -2,7 +2,7 @@
 (``init_process_group(backend="zerocomm")`` in plain torch code).
 
 ``register()`` (called on ``import zerocomm.comm``) registers the name ``"zerocomm"`` with
-``torch.distributed.Backend.register_backend`` for CPU tensors.  torch then calls
+``torch.distributed.Backend.register_backend`` for CPU and CUDA tensors.  torch then calls
 :func:`create` for the world and for every ``new_group``; it returns a
 :class:`ZerocommProcessGroup`, a Python subclass of ``torch.distributed.ProcessGroup`` whose
 methods are the ones torch's Python API, DDP, FSDP2 and ZeroRedundancyOptimizer call.  Each
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as td
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import api, compat, p2p
+from . import api, compat, p2p, staging
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import WORLD, Group
 from .work import Work
@@ -154,6 +154,7 @@ def create(dist_backend_opts, pg_options) -> "ZerocommProcessGroup":
         communicator = _mpi_communicator(store, rank, size, name)
     ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(size))
     group = Group(ranks, rank, communicator, timeout, transport, name)
+    staging.offer_nccl(group, store)  # CUDA tensors: NCCL where every rank has a GPU of its own, else staged
     group.handle = ZerocommProcessGroup(group, options.algorithm, str(dist_backend_opts.group_id))
     return group.handle
 
@@ -194,9 +195,10 @@ def as_process_group(group=None) -> "ZerocommProcessGroup":
 
 
 def register() -> None:
-    """Register ``"zerocomm"`` with torch (for CPU tensors); done on ``import zerocomm.comm``, idempotent."""
+    """Register ``"zerocomm"`` with torch (for CPU and CUDA tensors; staging.py says how CUDA tensors move); done on
+    ``import zerocomm.comm``, idempotent."""
     if BACKEND_NAME.upper() not in td.Backend._plugins:
-        td.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu"])
+        td.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu", "cuda"])
 
 
 # -- Work ---------------------------------------------------------------------------------------------

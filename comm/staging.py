@@ -1,0 +1,190 @@
+"""CUDA tensors on the host backends (gloo, MPI, shm), staged through pinned host memory as torch's gloo does.
+
+A collective called with CUDA tensors on a group whose backend moves CPU tensors runs as three steps:
+
+1. every CUDA tensor the collective reads is copied into a pinned host buffer of its shape and dtype on the
+   current CUDA stream, and the host waits for that stream (the collective reads host memory next);
+2. the same collective runs on the host buffers, through the same public function (so validation, the
+   algorithm choice, the mismatch check and tags are the host call's, unchanged);
+3. every CUDA tensor the collective writes gets its host buffer back: for a blocking call at once,
+   ``non_blocking`` on the current stream (stream-ordered, as an NCCL call's result is); for
+   ``async_op=True`` when the host call completes, on the thread that completes it, synchronized before
+   the returned ``Work`` completes, so whatever waits for it sees the data.
+
+Pinned buffers come from torch's caching host allocator: a buffer released while its copy is in flight is
+not reused before the copy ends (torch records the copy's stream), and the next call of the same size gets
+it back without pinning again.
+
+The public collectives hand over to :func:`retry` when validation refused their tensors with an
+``UnsupportedError`` (a CUDA tensor on a CPU backend is refused there), so a call on CPU tensors, or on CUDA
+tensors over NCCL, runs exactly as before.  Any other refusal is raised as it was.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import weakref
+from typing import Callable, List, Sequence
+
+import torch
+
+#: Per collective: the positions of the arguments it reads, of those it writes (a tensor or a list of tensors;
+#: ``None`` entries, such as ``gather_list`` off the root, are left alone), and of its ``group``.
+ROLES = {
+    "broadcast": ((0,), (0,), 2),
+    "all_reduce": ((0,), (0,), 2),
+    "reduce": ((0,), (0,), 3),
+    "all_gather_into_tensor": ((1,), (0,), 2),
+    "all_gather": ((1,), (0,), 2),
+    "gather": ((0,), (1,), 3),
+    "scatter": ((1,), (0,), 3),
+    "reduce_scatter_tensor": ((1,), (0,), 3),
+    "reduce_scatter": ((1,), (0,), 3),
+    "all_to_all_single": ((1,), (0,), 4),
+    "all_to_all": ((1,), (0,), 2),
+}
+
+#: Host groups whose CUDA tensors go over NCCL when every member has a GPU of its own (``offer_nccl``).
+_ROUTES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class _NcclRoute:
+    """A host group's NCCL twin, made at the group's first CUDA call once its members have shown one another
+    which GPU they hold (all members make that call, in the same order); ``None`` where two share one."""
+
+    def __init__(self, store):
+        self.store = store
+        self.decided = False
+        self.twin = None
+
+    def resolve(self, group):
+        if self.decided:
+            return self.twin
+        from .objects import all_gather_object
+
+        device = torch.cuda.current_device()
+        mine = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
+        everyone = [None] * group.size()
+        all_gather_object(everyone, mine, group=group)
+        self.decided = True
+        if len(set(everyone)) == len(everyone):
+            from .backends.nccl import NcclBackend
+            from .group import WORLD, Group
+
+            communicator = NcclBackend(torch.distributed.PrefixStore(f"zerocomm-cuda/{group.name}/", self.store),
+                                       group.rank, group.size(), group.timeout, torch.device("cuda", device))
+            self.twin = Group(group.ranks, group.rank, communicator, group.timeout, "nccl", f"{group.name}-cuda")
+            WORLD.groups[self.twin.name] = self.twin  # closed with the world's other groups
+        return self.twin
+
+
+def offer_nccl(group, store) -> None:
+    """Let ``group`` (a host group) move CUDA tensors over NCCL, through ``store``, when every member has a GPU of
+    its own (decided at its first CUDA call); staged through host memory otherwise."""
+    if torch.distributed.is_nccl_available() and torch.cuda.is_available():
+        _ROUTES[group] = _NcclRoute(store)
+
+
+def _resolved(group):
+    from .validate import resolve_group
+
+    return resolve_group(group, "staging")
+
+
+def host_group(group) -> bool:
+    """True when ``group`` (None: the default group) moves CPU tensors, so CUDA tensors must be staged."""
+    return _resolved(group).on_cpu
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+
+
+class _Mirror:
+    """Host buffers for the CUDA tensors among a call's arguments, and the copies between them."""
+
+    def __init__(self):
+        self.back: List[tuple] = []  # (device tensor, host buffer) pairs to copy back
+        self.streams: set = set()
+
+    def host(self, value, read: bool, write: bool):
+        if isinstance(value, torch.Tensor):
+            return self._one(value, read, write)
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) and v.is_cuda for v in value):
+            return [self._one(v, read, write) if isinstance(v, torch.Tensor) else v for v in value]
+        return value
+
+    def _one(self, tensor: torch.Tensor, read: bool, write: bool) -> torch.Tensor:
+        if not tensor.is_cuda:
+            return tensor
+        buffer = _pinned(tensor)
+        if read:
+            buffer.copy_(tensor, non_blocking=True)
+            self.streams.add(torch.cuda.current_stream(tensor.device))
+        if write:
+            self.back.append((tensor, buffer))
+        return buffer
+
+    def wait_reads(self) -> None:
+        for stream in self.streams:
+            stream.synchronize()
+
+    def copy_back(self, synchronize: bool) -> None:
+        for tensor, buffer in self.back:
+            tensor.copy_(buffer, non_blocking=True)
+        if synchronize:
+            for device in {tensor.device for tensor, _ in self.back}:
+                torch.cuda.current_stream(device).synchronize()
+
+
+def _has_cuda(args: Sequence) -> bool:
+    for value in args:
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            return True
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) and v.is_cuda for v in value):
+            return True
+    return False
+
+
+def retry(error: Exception, collective: Callable, args: Sequence, kwargs: dict, group, async_op: bool):
+    """A public collective refused its tensors with ``error`` (an ``UnsupportedError``): when some are on a CUDA
+    device and ``group`` moves CPU tensors, run ``collective(*args, **kwargs)`` on pinned host copies of them and
+    return what that returns (``None``, or for ``async_op`` a ``Work`` that completes once the results are back in
+    the CUDA tensors); otherwise raise ``error``."""
+    if not _has_cuda(args) or not host_group(group):
+        raise error
+    name = collective.__name__
+    reads, writes, group_at = ROLES[name]
+    route = _ROUTES.get(_resolved(group)) if _ROUTES else None
+    twin = route.resolve(_resolved(group)) if route is not None else None
+    if twin is not None:  # every member has a GPU of its own: NCCL moves the tensors as they are
+        return collective(*args[:group_at], twin, *args[group_at + 1:], **kwargs)
+    mirror = _Mirror()
+    host_args = [mirror.host(value, index in reads, index in writes) for index, value in enumerate(args)]
+    mirror.wait_reads()
+    work = collective(*host_args, **kwargs)
+    if not async_op:
+        mirror.copy_back(synchronize=False)
+        return None
+    from .work import Work
+
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def finish(inner) -> None:
+        error = inner.exception()
+        if error is None:
+            try:
+                mirror.copy_back(synchronize=True)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+                error = exc
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    work._future.add_done_callback(finish)
+    outputs = [tensor for tensor, _ in mirror.back]
+    return Work(f"{name} (staged through host memory)", done, outputs, getattr(work, "_group", None))
+
+
+__all__ = ["retry", "host_group", "ROLES"]
