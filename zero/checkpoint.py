@@ -4,7 +4,8 @@ never silently wrong, never half loaded and never lost.
 Layout of a checkpoint root ``path`` (the format of one checkpoint folder is in manifest.py)::
 
     path/latest                        the name of the newest complete checkpoint, e.g. "step-00000020"
-    path/step-00000020/                shard-00000.pt ... and manifest.json, written last
+    path/step-00000020/                shard-00000.pt ..., common.pt (rank 0: buffers, frozen parameters, the
+                                       schedule's state, client_state) and manifest.json, written last
     path/step-00000030.tmp-<run id>/   a save in progress, or one that crashed (the next save removes it)
 
 [Note: atomic saves]
@@ -23,7 +24,8 @@ nothing older is deleted.
 [Note: agree, then load]
 Every rank resolves the folder, reads the manifest (its own CRC), checks that the checkpoint fits
 the model, stage and optimizer, and reads and checks every shard it needs (present, size, CRC-32,
-run id, rank, dtypes and shapes) and reshards it, all into fresh tensors.  Then the ranks agree
+run id, rank, dtypes and shapes) and common.pt (every rank takes rank 0's buffers, as DeepSpeed's
+ranks take rank 0's module state) and reshards it, all into fresh tensors.  Then the ranks agree
 (agreement.py): every rank raises the same typed error, or every rank has read the same checkpoint
 (same run id) and only then copies it in.  Every exchange runs under the group's timeout; a rank
 that died or hangs makes the others raise ``CheckpointError`` (load) or ``CheckpointSaveError`` (save)
