@@ -11,6 +11,12 @@ A collective called with CUDA tensors on a group whose backend moves CPU tensors
    ``async_op=True`` when the host call completes, on the thread that completes it, synchronized before
    the returned ``Work`` completes, so whatever waits for it sees the data.
 
+Groups that the c10d backend "zerocomm" makes (``c10d.create``) take the other road where they can, as torch's
+device-to-backend map does: at the group's first CUDA call its members show one another which GPU they hold
+(host name and device UUID, an ``all_gather_object`` over the group), and where every member has a GPU of its
+own, an NCCL twin of the group (same ranks, through the same store) moves the CUDA tensors as they are from then
+on; where two share one (NCCL refuses that), they are staged.
+
 Pinned buffers come from torch's caching host allocator: a buffer released while its copy is in flight is
 not reused before the copy ends (torch records the copy's stream), and the next call of the same size gets
 it back without pinning again.
