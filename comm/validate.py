@@ -556,10 +556,17 @@ def cross_check(call: Call, tag: int, deadline: Optional[float], full: bool = Fa
 
 
 def segment_checks(backend) -> bool:
-    """Whether ``backend``'s calls other than "shm" ones are checked through its shm arena: it says so
-    (``CHECK_IN_SHARED_MEMORY``), every rank is on one host, and no segment failed to be made.  Read by
-    :func:`check_in_segment` and by ``short_path.remember``, so both paths check the same way."""
-    return (backend.CHECK_IN_SHARED_MEMORY and getattr(backend, "_zerocomm_one_host", False)  # topology.one_host
+    """Whether ``backend``'s calls other than "shm" ones are checked through its shm arena: every rank is on
+    one host and no segment failed to be made.  Read by :func:`check_in_segment` and by
+    ``short_path.remember``, so both paths check the same way.
+
+    [Note: one place per group]  Where "shm" calls can run (one host, a shared segment), every call of the
+    group checks in the segment, whatever its algorithm and whatever the backend's own round trip costs:
+    "shm" calls check there (in their first sync), so a call checked anywhere else could not meet a peer
+    that made an "shm" call in its place, and both would wait out the deadline.  (Before, MPI's native
+    calls checked through ``Backend.agree``: ranks whose "auto" picked shm and native for sizes a row
+    apart waited 300 s.)  Across hosts no call runs as "shm", and every call checks through ``agree``."""
+    return (getattr(backend, "_zerocomm_one_host", False)  # topology.one_host
             and not backend.__dict__.get("_zerocomm_no_segment"))
 
 
