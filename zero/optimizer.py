@@ -134,7 +134,7 @@ def resolve_factory(optimizer_factory: Optional[OptimizerFactory], config: ZeroC
                               f"were given: remove one of them")
     if optimizer_factory is None:
         if config.optimizer is None:
-            raise ZeroConfigError("no optimizer: pass an optimizer factory (params -> torch.optim.Optimizer) or "
+            raise ZeroConfigError("no optimizer: pass an optimizer factory (param groups -> torch.optim.Optimizer) or "
                                   "give the config an optimizer section")
         return functools.partial(build_optimizer, config.optimizer)
     if not callable(optimizer_factory):

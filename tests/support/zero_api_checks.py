@@ -10,6 +10,9 @@ from __future__ import annotations
 import copy
 import io
 import logging
+import os
+import tempfile
+import traceback
 
 import torch
 from torch import nn
@@ -48,10 +51,11 @@ def make_net(seed: int, **kwargs) -> Net:
     return Net(**kwargs)
 
 
-def global_batch(step: int, micro: int = 0):
+def global_batch(step: int, micro: int = 0, device="cpu"):
     generator = torch.Generator().manual_seed(1000 * step + micro)
     world = dist.get_world_size()
-    return torch.randn(world * ROWS, 6, generator=generator), torch.randn(world * ROWS, 3, generator=generator)
+    x, y = torch.randn(world * ROWS, 6, generator=generator), torch.randn(world * ROWS, 3, generator=generator)
+    return x.to(device), y.to(device)
 
 
 def rank_rows(tensor):
@@ -82,10 +86,10 @@ def gathered(model, optimizer) -> dict:
         return {n: p.detach().float().clone() for n, p in model.named_parameters()}
 
 
-def _zero_step(model, optimizer, step: int, accum: int = 1) -> list:
+def _zero_step(model, optimizer, step: int, accum: int = 1, device="cpu") -> list:
     results = []
     for micro in range(accum):
-        x, y = global_batch(step, micro)
+        x, y = global_batch(step, micro, device)
         F.mse_loss(model(rank_rows(x)), rank_rows(y)).backward()
         results.append(optimizer.step())
         optimizer.zero_grad()
@@ -415,3 +419,68 @@ def hugging_face_resume(path: str, stage: int, steps: int = 6, split: int = 3) -
     optimizer.remove_hooks()
     return {"losses_a": losses_a, "losses_b": losses_b, "lr": (lr_a, lr_b), "schedule": schedule, "groups": groups,
             "err": rel_err(params_b, params_a), "bitwise": all(torch.equal(params_a[n], params_b[n]) for n in params_a)}
+
+
+# -- on a GPU (tests/zero/test_zero_api_cuda.py spawns this) --------------------------------------------------------
+def device_resume(device, stage: int, precision: str, offload: str) -> list:
+    """On ``device``: groups, the config's AdamW and WarmupDecayLR, a BatchNorm and a frozen layer; 3 steps, save
+    with client_state, 2 more (A); a model from another seed loads and runs the same 2 (B).  Returns failures."""
+    config = {"zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
+                                    "offload_optimizer": {"device": offload}},
+              "bf16": {"enabled": precision == "bf16"},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+              "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 20, "warmup_num_steps": 4,
+                                                                "warmup_max_lr": 1e-2, "warmup_type": "linear"}}}
+    where = f"stage {stage} {precision} offload {offload}"
+    failures = []
+    # ZeRO casts only the parameters it manages: a frozen layer and BatchNorm's statistics stay float32, which a
+    # bf16 forward refuses; so buffers and frozen weights are checked in the fp32 cases
+    extras = precision == "fp32"
+    model = make_net(0, batch_norm=extras, frozen=extras).to(device)
+    model, optimizer = initialize(model, config=config, model_parameters=split_groups(model))
+    applied = [_zero_step(model, optimizer, step, device=device) for step in range(3)]
+    path = os.path.join(tempfile.mkdtemp(), "ckpt")
+    optimizer.save(path, client_state={"epoch": 3})
+    for step in range(3, 5):
+        _zero_step(model, optimizer, step, device=device)
+    first, first_buffers = gathered(model, optimizer), {n: b.clone() for n, b in model.named_buffers()}
+    lr_a = optimizer.get_lr()
+    optimizer.remove_hooks()
+    other_model = make_net(1, batch_norm=extras, frozen=extras).to(device)
+    other_model, other = initialize(other_model, config=config, model_parameters=split_groups(other_model))
+    _, client_state = other.load(path)
+    for step in range(3, 5):
+        _zero_step(other_model, other, step, device=device)
+    second = gathered(other_model, other)
+    if applied != [[True]] * 3:
+        failures.append(f"{where}: step() returned {applied}")
+    if client_state != {"epoch": 3}:
+        failures.append(f"{where}: client_state {client_state}")
+    if other.get_lr() != lr_a or other.lr_scheduler.last_batch_iteration != 4:
+        failures.append(f"{where}: lr {other.get_lr()} vs {lr_a}, count {other.lr_scheduler.last_batch_iteration}")
+    err = rel_err(second, first)
+    if err > 1e-6:
+        failures.append(f"{where}: parameters after resume differ by {err:.2e} relative")
+    for name, value in other_model.named_buffers():
+        if value.device != first_buffers[name].device or not torch.equal(value, first_buffers[name]):
+            failures.append(f"{where}: buffer {name} differs after resume")
+    other.remove_hooks()
+    return failures
+
+
+def device_rank_main(rank: int, n: int, store_path: str, queue, backend: str = "nccl") -> None:
+    """Spawned rank: every (stage, precision, offload) case of ``device_resume`` on this rank's device."""
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        store = torch.distributed.FileStore(store_path, n)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=n)
+        failures = []
+        for stage, precision, offload in [(2, "fp32", "none"), (3, "bf16", "none"), (2, "bf16", "cpu"),
+                                          (3, "fp32", "cpu")]:
+            failures += device_resume(device, stage, precision, offload)
+        dist.destroy_process_group()
+        queue.put((rank, failures))
+    except Exception:  # noqa: BLE001 - reported by the parent
+        queue.put((rank, [traceback.format_exc()]))

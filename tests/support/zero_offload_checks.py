@@ -166,10 +166,11 @@ def nvme_checkpoint(folder: str, checkpoint: str, stage: int, precision: str, pa
 
 def deepspeed_config_training(config: dict, folder: str, steps: int = 2) -> dict:
     """``initialize`` with a DeepSpeed config dict exactly as given (its ``nvme_path`` values pointed at
-    ``folder``), then ``steps`` optimizer steps of the LM with the plain per-micro-batch loop."""
+    ``folder``; Adam from a factory unless the config has an optimizer section), then ``steps`` optimizer steps
+    of the LM with the plain per-micro-batch loop."""
     config = _with_nvme_path(config, folder)
     model = build_model("lm", 0)
-    model, optimizer = initialize(model, adam, config)
+    model, optimizer = initialize(model, None if "optimizer" in config else adam, config)
     rank = dist.get_rank()
     from .zero_checks import loss_of, make_batch
     losses = []
