@@ -45,6 +45,21 @@ from .units import format_size, parse_size
 
 HELP = "simulated cluster: hosts as network namespaces over a shaped link; all_reduce across them"
 
+DESCRIPTION = """\
+Builds a small cluster on this machine: each simulated host is a Linux network namespace with its
+own hostname, joined to a bridge by one link shaped to --rate in both directions (as a full-duplex
+NIC); ranks on one host talk over that host's loopback, unshaped.  Each host starts its ranks over
+gloo, which time a float32 all_reduce with each algorithm at each size (onebit: the 1-bit
+compressed all_reduce, --onebit-inner underneath), and the rows are printed with each one's time
+over the ring's.  Everything is torn down on exit, on failure, on Ctrl-C and on SIGTERM.
+
+Needs root and the ip, tc and unshare tools.
+
+Examples:
+  zerocomm-bench cluster --hosts 2 --ranks-per-host 2 --rate 1gbit --sizes 1MiB,16MiB
+  zerocomm-bench cluster --cleanup        # remove what a dead earlier run left
+"""
+
 #: Every name this module creates starts with this and the creating process's pid.
 PREFIX = "zc"
 _STALE = re.compile(rf"^{PREFIX}(\d+)(br|h\d+)$")
@@ -322,18 +337,19 @@ def _rank() -> int:
 # -- the command --------------------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hosts", type=positive_int, default=2, help="simulated hosts (default: 2)")
-    parser.add_argument("--ranks-per-host", type=positive_int, default=2, help="ranks on each host (default: 2)")
-    parser.add_argument("--rate", default="1gbit", help="each host's link, each way: 1gbit, 10gbit ... (default: 1gbit)")
+    parser.add_argument("--hosts", type=positive_int, default=2, metavar="H", help="simulated hosts (default: 2)")
+    parser.add_argument("--ranks-per-host", type=positive_int, default=2, metavar="R", help="ranks on each host (default: 2)")
+    parser.add_argument("--rate", default="1gbit", metavar="RATE", help="each host's link, each way: 1gbit, 10gbit ... (default: 1gbit)")
     parser.add_argument("--sizes", type=list_of(parse_size, "size"), default=[16 << 20], metavar="S[,S...]",
                         help="all_reduce sizes in bytes of float32 (default: 16MiB)")
     parser.add_argument("--algorithms", type=list_of(str, "algorithm"), default=list(DEFAULT_ALGORITHMS),
                         metavar="ALG[,ALG...]",
-                        help=f"default: {','.join(DEFAULT_ALGORITHMS)} (onebit: compressed_all_reduce)")
-    parser.add_argument("--onebit-inner", default="ring", help="algorithm inside onebit (default: ring)")
-    parser.add_argument("-w", "--warmup", type=int, default=2, help="untimed calls per cell (default: 2)")
-    parser.add_argument("-n", "--iters", type=positive_int, default=5, help="timed calls per cell (default: 5)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="native, ring, tree, recursive_doubling, hierarchical, or onebit (the 1-bit "
+                             f"compressed all_reduce) (default: {','.join(DEFAULT_ALGORITHMS)})")
+    parser.add_argument("--onebit-inner", default="ring", metavar="ALG", help="algorithm inside onebit (default: ring)")
+    parser.add_argument("-w", "--warmup", type=int, default=2, metavar="N", help="untimed calls per cell (default: 2)")
+    parser.add_argument("-n", "--iters", type=positive_int, default=5, metavar="N", help="timed calls per cell (default: 5)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help=f"seconds the ranks may run in all (default: {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--json", metavar="PATH", help="write the setup, load and rows as JSON")
     parser.add_argument("--plot", metavar="PNG", help="bar chart of the times (needs matplotlib)")
