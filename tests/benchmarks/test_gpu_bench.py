@@ -64,3 +64,13 @@ def test_junit_summary_counts_per_module(tmp_path):
     assert summary["skips"] == {"needs 2 CUDA devices (1 on this machine)": 1}
     text = gpu.format_summary(summary)
     assert "FAILED tests.zero.test_zero_cuda::test_a[offload]" in text and "| all" in text
+
+
+def test_a_test_summary_alone_needs_no_gpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu, "cuda_missing", lambda: "no CUDA device is visible")
+    report = tmp_path / "r.xml"
+    report.write_text('<testsuites><testsuite><testcase classname="tests.ops.test_onebit" name="test_cuda"/>'
+                      '</testsuite></testsuites>')
+    assert cli.main(["gpu", "--sections", "tests", "--tests", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "| tests.ops.test_onebit |        1 |        0 |         0 |" in out
