@@ -19,8 +19,8 @@ launch that reads and writes every element once:
 The grid is one wave of resident blocks of 256 threads (4 per multiprocessor for the encode, 8 for the
 decode), striding over the groups, so a launch adds a few hundred atomics at most.  The scale (``sqrt(total / valid)``, rounded once) stays on the
 device as a 0-d tensor, and nothing synchronizes with the host.  Kernels run on torch's current stream.
-``cupy_codec`` returns ``None`` when cupy does not import: the whole-tensor torch codec serves CUDA
-tensors then.
+``cupy_codec`` returns ``None`` when cupy does not import, or (with a warning) when the kernels fail to
+build: the whole-tensor torch codec serves CUDA tensors then.
 """
 from __future__ import annotations
 
@@ -295,4 +295,11 @@ def cupy_codec(numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.
     """The fused CUDA codec, or ``None`` when cupy does not import."""
     if cupy_available() is not None:
         return None
-    return _CupyCodec(numel, n, rank, dtype, device)
+    try:
+        return _CupyCodec(numel, n, rank, dtype, device)
+    except Exception as exc:  # noqa: BLE001 - cupy's compile or driver errors: the torch codec still serves
+        import warnings
+
+        warnings.warn(f"the cupy 1-bit kernels failed to build or load ({type(exc).__name__}: {exc}); "
+                      "the whole-tensor torch codec serves CUDA tensors instead", RuntimeWarning, stacklevel=2)
+        return None
