@@ -68,7 +68,8 @@ HELP = ("one GPU, world size 1: NCCL per call, DDP/FSDP2 against ZeRO 1-3, the 1
 SECTIONS = ("calls", "training", "codec", "tests")
 #: The test files that hold CUDA tests (relative to the package root), and the words that select them.
 CUDA_TEST_FILES = ("tests/comm/test_nccl.py", "tests/comm/test_cuda_staging.py", "tests/ops/test_onebit.py",
-                   "tests/ops/test_onebit_kernels.py", "tests/ops/test_reduce.py", "tests/zero/test_zero_cuda.py")
+                   "tests/ops/test_onebit_kernels.py", "tests/ops/test_reduce.py", "tests/zero/test_zero_cuda.py",
+                   "tests/zero/test_zero_api_cuda.py")
 CUDA_TEST_WORDS = "cuda or nccl or cupy or gpu"
 #: The GPT of the measurements (about 109 M parameters).
 GPT = dict(vocab=8192, d_model=1024, n_heads=16, n_layers=8, seq_len=256)
