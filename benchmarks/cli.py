@@ -34,6 +34,7 @@ COMMANDS = {
     "trace": "trace_cli",
     "overhead": "overhead",
     "soak": "soak",
+    "kills": "kill_sweep",
     "check-cost": "check_cost",
     "shm": "shm_bench",
     "cluster": "cluster",

@@ -136,7 +136,9 @@ def create(dist_backend_opts, pg_options) -> "ZerocommProcessGroup":
     only on members).  Otherwise a new communicator meets through torch's store."""
     options = pg_options if isinstance(pg_options, Options) else Options()
     if _adopting is not None:
-        return handle_of(_adopting)
+        handle = handle_of(_adopting)
+        handle._name = str(dist_backend_opts.group_id)  # torch resolves groups by the name it registered
+        return handle
     if _owner is not None and _owner.communicator is not None:
         return _split_of_owner(dist_backend_opts, options)
     transport = options.transport or os.environ.get("ZEROCOMM_TRANSPORT", "gloo").lower()

@@ -49,17 +49,64 @@ def hosts(t: Transport, *, tag: int, deadline: Optional[float], name: Optional[s
         return known
     from .algorithms.ring import all_gather_ring  # algorithms import nothing from here
 
-    encoded = (local_host() if name is None else name).encode()[:_NAME_BYTES]
-    mine = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
-    if encoded:
-        mine[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
-    every = torch.empty(t.size * _NAME_BYTES, dtype=torch.uint8)
+    record = _RECORD_BYTES
+    mine = torch.zeros(record, dtype=torch.uint8)
+    _put(mine, 0, (local_host() if name is None else name).encode()[:_NAME_BYTES])
+    _put(mine, _NAME_BYTES, _this_process())
+    every = torch.empty(t.size * record, dtype=torch.uint8)
     all_gather_ring(t, every, mine, tag=tag, deadline=deadline, segment_bytes=1 << 20)
-    names = tuple(bytes(every[r * _NAME_BYTES:(r + 1) * _NAME_BYTES].tolist()).rstrip(b"\0").decode(errors="replace")
-                  for r in range(t.size))
+    rows = [bytes(every[r * record:(r + 1) * record].tolist()) for r in range(t.size)]
+    names = tuple(row[:_NAME_BYTES].rstrip(b"\0").decode(errors="replace") for row in rows)
     t._zerocomm_hosts = names
     t._zerocomm_one_host = len(set(names)) == 1
+    me = _this_process()
+    # The pid of every rank whose process this one can see (same machine, same pid namespace), else 0.
+    t._zerocomm_pids = tuple(int.from_bytes(row[-8:], "little") if row[_NAME_BYTES:-8] == me[:-8] else 0
+                             for row in rows)
     return names
+
+
+def _put(buffer: torch.Tensor, offset: int, data: bytes) -> None:
+    if data:
+        buffer[offset:offset + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+#: What a rank tells its peers of its process, after its host name: the machine's real hostname (64 bytes),
+#: its pid namespace's inode and its pid (8 bytes each).  A peer that sees the same machine and namespace can
+#: tell whether the process still runs (``gone``).
+_PROCESS_BYTES = 64 + 8 + 8
+_RECORD_BYTES = _NAME_BYTES + _PROCESS_BYTES
+
+
+def _this_process() -> bytes:
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return (socket.gethostname().encode()[:64].ljust(64, b"\0") + namespace.to_bytes(8, "little")
+            + os.getpid().to_bytes(8, "little"))
+
+
+def gone(t: Transport, ranks) -> Optional[int]:
+    """The first of ``ranks`` (ranks of ``t``) whose process is known to have ended -- it runs on this
+    machine, in this pid namespace, and is no longer there or is a zombie -- else None.  Ranks on other
+    machines are never "known gone" here: their transport tells."""
+    pids = getattr(t, "_zerocomm_pids", None)
+    if pids is None:
+        return None
+    for rank in ranks:
+        pid = pids[rank]
+        if pid and not _running(pid):
+            return rank
+    return None
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")  # zombie or dead
+    except (OSError, IndexError):
+        return False
 
 
 def one_host(t: Transport) -> Optional[bool]:
@@ -78,6 +125,9 @@ def inherit(sub: Transport, parent: Transport, members) -> None:
         names = tuple(known[m] for m in members)
         sub._zerocomm_hosts = names
         sub._zerocomm_one_host = len(set(names)) == 1
+    pids = getattr(parent, "_zerocomm_pids", None)
+    if pids is not None:
+        sub._zerocomm_pids = tuple(pids[m] for m in members)
     if parent.__dict__.get("_zerocomm_no_segment"):
         sub._zerocomm_no_segment = True  # some ranks of the parent share no segment: kept off "shm" (conservative)
 

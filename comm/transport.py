@@ -101,8 +101,12 @@ class Transport(abc.ABC):
         step of recursive doubling; this is ``irecv`` + ``isend`` and their waits, and a backend may do it in
         one call (MPI's C hot loop)."""
         incoming = self.irecv(recv, peer, tag)
-        self.isend(send, peer, tag).wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        outgoing = self.isend(send, peer, tag)
+        # The receive first: a peer that died ends a receive from it (its connection closes), but gloo can
+        # leave a send to it waiting until the deadline (seen in the kill sweep: a survivor's send to a killed
+        # rank waited 30 s); once the receive is done, the peer is alive and took this rank's bytes too.
         incoming.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        outgoing.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     @classmethod
     def can_move(cls, dtype: torch.dtype) -> Optional[str]:

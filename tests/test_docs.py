@@ -264,9 +264,7 @@ def test_deepspeed_quickstart_trains_then_resumes_from_its_checkpoint(tmp_path):
 
 @needs_zero_api
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("strategy", ["ddp", "zero", pytest.param("fsdp2", marks=pytest.mark.xfail(
-    strict=True, reason="torch's DeviceMesh cannot resolve the default group zerocomm installs (it registers "
-                        "under torch's group name, the handle answers 'world'); remove this mark once it does"))])
+@pytest.mark.parametrize("strategy", ["ddp", "zero", "fsdp2"])
 def test_torch_quickstart_trains_with_each_wrapper(strategy, tmp_path):
     """The torch quickstart's script, verbatim, at 2 CPU ranks under torchrun, with DDP and FSDP2 on zerocomm's
     world and with ZeRO in their place: two epochs, finite losses, the same data on each."""

@@ -292,8 +292,10 @@ def all_reduce_recursive_doubling(
                 recvs = recv_segmented(t, incoming, peer, tag, seg)
                 sends = send_segmented(t, buf, peer, tag, seg)
                 for k, (lo, hi) in enumerate(segments(0, buf.numel(), seg)):
-                    sends[k].wait(remaining(deadline))  # buf[lo:hi] is about to change
+                    # The receive first: a dead peer ends it, while gloo may leave a send to it waiting
+                    # (see Transport.exchange); both are done before buf[lo:hi] changes.
                     recvs[k].wait(remaining(deadline))
+                    sends[k].wait(remaining(deadline))
                     combine(buf[lo:hi], incoming[lo:hi])
             mask <<= 1
     # Fold out: the result goes back to the ranks that sat out.
