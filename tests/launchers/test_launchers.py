@@ -145,3 +145,43 @@ def test_elastic_restart_resumes_bit_for_bit(tmp_path):
     assert a.keys() == b.keys()
     largest = max((a[k] - b[k]).abs().max().item() for k in a)
     assert largest == 0.0, f"largest parameter difference after the restart: {largest}"
+
+
+def test_torchrun_across_two_simulated_hosts(tmp_path):
+    """Two hosts (network namespaces with their own hostnames, a 1 Gbit/s shaped link), one torchrun agent on
+    each, meeting through the c10d rendezvous by host name; 2 ranks per host."""
+    from zerocomm.benchmarks import cluster
+    reason = cluster.unavailable()
+    if reason:
+        pytest.skip(f"simulated hosts cannot be built here: {reason}")
+    cluster.remove_stale()
+    hosts = cluster.Cluster(2, cluster.parse_rate("1gbit"))
+    agents = []
+    try:
+        hosts.build()
+        for i in range(2):
+            command = ["ip", "netns", "exec", hosts.host_ns(i), "unshare", "--uts", "--", "sh", "-c",
+                       f'hostname "$0" && exec "$@"', hosts.hostname(i), _tool("torchrun"), "--nnodes", "2",
+                       "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "zerocomm-test",
+                       "--rdzv-endpoint", f"{hosts.hostname(0)}:29400", "--local-addr", hosts.address(i),
+                       str(SCRIPTS / "default_group.py")]
+            agents.append(subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        outputs = []
+        for agent in agents:
+            try:
+                outputs.append(agent.communicate(timeout=LAUNCH_TIMEOUT_S)[0])
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"torchrun on two hosts did not finish within {LAUNCH_TIMEOUT_S} s")
+        for agent, out in zip(agents, outputs):
+            assert agent.returncode == 0, out[-4000:]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+        hosts.teardown()
+    reports = _reports(subprocess.CompletedProcess([], 0, "".join(outputs)), tmp_path, 4)
+    _check_default_group(reports, 4, "gloo")
+    assert sorted({r["host"] for r in reports}) == sorted(hosts.hostname(i) for i in range(2))
+    assert all(not Path("/etc/netns", hosts.host_ns(i)).exists() for i in range(2))
