@@ -374,13 +374,21 @@ def _peak_reset(device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.init()  # a process that has not touched CUDA yet has no statistics to reset
+        torch.cuda.reset_peak_memory_stats(_index(device))
 
 
 def _peak_gib(device) -> Optional[float]:
     import torch
 
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return torch.cuda.max_memory_allocated(_index(device)) / 2**30 if device.type == "cuda" else None
+
+
+def _index(device) -> int:
+    """The CUDA device's index (torch's memory statistics refuse a bare "cuda")."""
+    import torch
+
+    return torch.cuda.current_device() if device.index is None else device.index
 
 
 def _adamw(params):

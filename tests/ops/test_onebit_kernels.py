@@ -211,7 +211,9 @@ def test_cupy_codec_matches_the_model():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the cupy codec runs on CUDA tensors)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n, numel, offset", [(1, 13, 0), (2, 1, 0), (2, 1027, 1), (3, 100003, 3), (5, 70001, 0),
+# No n = 1: a world of one never reaches the codec (compressed_all_reduce returns its input first), while
+# the reference model returns the input at n = 1; the codec alone would compress it.
+@pytest.mark.parametrize("n, numel, offset", [(2, 1, 0), (2, 1027, 1), (3, 100003, 3), (5, 70001, 0),
                                               (4, 4099, 2), (8, 1000, 0)])
 def test_cupy_codec_edge_cases(n, numel, offset, dtype):
     """Sizes with padding inside a group of 4 and of 8, empty segments, one rank, float64, and a source that is

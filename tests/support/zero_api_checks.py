@@ -90,7 +90,8 @@ def _zero_step(model, optimizer, step: int, accum: int = 1, device="cpu") -> lis
     results = []
     for micro in range(accum):
         x, y = global_batch(step, micro, device)
-        F.mse_loss(model(rank_rows(x)), rank_rows(y)).backward()
+        out = model(rank_rows(x))
+        F.mse_loss(out, rank_rows(y).to(out.dtype)).backward()  # bf16 models: the target in the output's dtype
         results.append(optimizer.step())
         optimizer.zero_grad()
     return results
