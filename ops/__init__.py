@@ -1,4 +1,5 @@
-"""zerocomm.ops: local tensor kernels (reductions, chunk bounds, flattening, 1-bit packing).
+"""zerocomm.ops: local tensor kernels (reductions, chunk bounds, flattening, 1-bit packing,
+block-wise int8/int4 quantization).
 
 Nothing here communicates or imports ``zerocomm.comm``; the same kernels serve CPU and CUDA tensors.
 """
@@ -13,6 +14,7 @@ from .onebit import (
     unpack_signs,
     unpack_signs_numpy,
 )
+from .quantize import BlockFeedback, dequantize_blocks, quantize_blocks, quantized_nbytes
 from .chunk import padded_numel, partition_bounds, segment_bounds
 from .reduce import REDUCE_OPS, finalize_, op_admits, reduce_
 
@@ -22,4 +24,5 @@ __all__ = [
     "flatten_tensors", "views_into", "unflatten_into", "total_numel",
     "pack_signs", "unpack_signs", "pack_signs_numpy", "unpack_signs_numpy", "compress", "decompress",
     "onebit_padded_numel", "ErrorFeedback",
+    "quantize_blocks", "dequantize_blocks", "quantized_nbytes", "BlockFeedback",
 ]
