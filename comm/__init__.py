@@ -14,7 +14,8 @@ from .objects import all_gather_object, broadcast_object_list, gather_object, sc
 from .profiler import Profiler, profile
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .process_group import (GroupMember, configure, destroy_process_group, get_backend, get_default_algorithm,
-                            get_global_rank, get_group_rank, get_rank, get_world_size, group, init_process_group,
+                            get_global_rank, get_group_rank, get_host_names, get_rank, get_world_size, group,
+                            init_process_group,
                             is_available, is_initialized, new_group, set_default_algorithm, which_algorithm)
 from .reduce_op import ReduceOp
 from .shm_heap import shared_empty
@@ -38,7 +39,7 @@ __all__ = [
     "batch_isend_irecv", "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
     "ReduceOp", "group", "GroupMember", "Work", "ProcessGroup",
     # zerocomm's additions
-    "Group", "Profiler", "profile", "shared_empty", "compressed_all_reduce", "count_bytes", "set_default_algorithm", "get_default_algorithm", "configure", "which_algorithm",
+    "Group", "Profiler", "profile", "shared_empty", "compressed_all_reduce", "count_bytes", "get_host_names", "set_default_algorithm", "get_default_algorithm", "configure", "which_algorithm",
     "CommError", "CommTimeoutError", "CollectiveMismatchError", "UnsupportedError", "NotInitializedError",
     "InvalidArgumentError", "PeerError", "c10d",
 ] + _compat.__all__
