@@ -48,7 +48,7 @@ def comm_module() -> ModuleType:
 
 def is_standin(dist: ModuleType) -> bool:
     """True when ``dist`` is a stand-in (torch.distributed, mpi4py) rather than zerocomm.comm."""
-    return dist.__name__ != __package__.rsplit(".", 1)[0] + ".comm"
+    return dist.__name__ in ("torch.distributed", f"{__package__}.mpi4py_standin")
 
 
 def default_algorithms(dist: ModuleType) -> tuple[str, ...]:

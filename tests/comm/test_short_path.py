@@ -54,6 +54,7 @@ def test_shaped_tensors_on_the_short_path_match_numpy(world, through_agree):
     for rank, out in enumerate(outs):
         assert out["wrong"] == [], (rank, out["wrong"][:3])
         assert out["admitted"] and out["checked"], (rank, out)
-        # gloo on one host checks through the segment unless it cannot; MPI's small calls ride in its check
-        expected = CHECK_IN_SYNC if backend == "gloo" and not through_agree else CHECK_RIDES
+        # A group on one host checks through the segment unless it cannot (validate.segment_checks); through
+        # the backend, gloo's and MPI's small native calls ride in the check
+        expected = CHECK_RIDES if through_agree else CHECK_IN_SYNC
         assert out["checks"] == [expected], (rank, out)
