@@ -20,6 +20,7 @@ _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:  # makes `support` importable from every test folder
     sys.path.insert(0, _TESTS_DIR)
 
+from support import mpich_segments  # noqa: E402
 from support.worlds import TEST_TIMEOUT_S, TIMEOUT_MARGIN_S, PoolRegistry, time_limit_of, world_key  # noqa: E402
 
 
@@ -29,32 +30,16 @@ def pool_registry(tmp_path_factory):
     registry = PoolRegistry(tmp_path_factory)
     yield registry
     registry.close()
-    _remove_orphaned_mpich_segments(started)
+    mpich_segments.remove_orphaned(started)
 
 
-def _remove_orphaned_mpich_segments(since: float) -> None:
-    """Delete the ``/dev/shm/mpich_shm_*`` files this session's MPI jobs left: MPICH unlinks its node
-    segment once every local rank has mapped it, so one left is from ranks the tests killed or timed
-    out before then.  Only files made since ``since`` that no live process maps are removed."""
-    try:
-        names = [name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")]
-    except OSError:
-        return
-    candidates = {os.path.join("/dev/shm", name) for name in names
-                  if os.stat(os.path.join("/dev/shm", name)).st_mtime >= since}
-    if not candidates:
-        return
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as maps:
-                candidates -= {line.split(maxsplit=5)[-1].strip() for line in maps if "/dev/shm/mpich_shm_" in line}
-        except OSError:  # the process ended, or its maps are not ours to read
-            continue
-    for path in candidates:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+@pytest.fixture(scope="module", autouse=True)
+def _mpich_segments_of_killed_jobs():
+    """After each module: MPICH's segments its killed or aborted jobs left in /dev/shm (fault tests kill
+    ranks on purpose; MPICH unlinks a segment only once every local rank has mapped it)."""
+    started = time.time()
+    yield
+    mpich_segments.remove_orphaned(started)
 
 
 @pytest.fixture
