@@ -225,7 +225,7 @@ def _all_of(works: List[Work], outputs) -> td.Work:
                 future.set_result(None)
 
     for w in works:
-        w._future.add_done_callback(one_done)
+        w.add_done_callback(one_done)
     return _c10d_work(Work("coalesced", future, outputs))
 
 

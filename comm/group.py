@@ -6,9 +6,13 @@ backend's native collectives are matched by order, not by tag.  So every collect
 of a group, whatever its algorithm, runs in the order the caller issued it: a call
 takes its tag (a per-group sequence number) under the same lock that queues it.  A
 blocking call made while nothing is queued or running runs inline on the caller's
-thread, holding that lock (no thread hop: the short path of a small call); anything else goes to the
-group's executor thread, through a bounded queue (a caller that gets too far ahead
-waits, within its deadline).  Point-to-point calls by the user do not go through
+thread, holding that lock (no thread hop: the short path of a small call).  An asynchronous
+call of a native collective that the backend runs asynchronously by itself (``Backend.ISSUE``:
+gloo's and NCCL's) is issued to the backend directly under the same condition, and its
+``IssuedWork`` waits on the backend's own request: the backend keeps the order of what it was
+given.  Anything else -- a schedule written in Python, or any call while something is queued or
+running -- goes to the group's executor thread, through a bounded queue (a caller that gets too
+far ahead waits, within its deadline), so that no call overtakes one issued before it.  Point-to-point calls by the user do not go through
 here: they carry the user's tag, below ``USER_TAG_LIMIT``, and never match a
 collective's messages.
 """
@@ -32,7 +36,7 @@ from .reduce_op import ReduceOp
 from .errors import CollectiveMismatchError, CommError, CommTimeoutError, NotInitializedError, PeerError
 from .group_methods import ProcessGroupMethods
 from .transport import AGREE_AND_REDUCED, USER_TAG_LIMIT, Backend, PeerFailure
-from .work import Work
+from .work import IssuedWork, Work
 
 try:
     from . import _shortpath  # the riding case of the short path in C, optional (see short_all_reduce)
@@ -94,6 +98,9 @@ class Group(ProcessGroupMethods):
         #: emptied when the configuration changes.
         self.short: Dict[tuple, tuple] = {}
         self.short_segment_bytes = 0
+        #: The backend's native function -> its asynchronous form (``Backend.ISSUE``): an ``async_op`` call whose
+        #: function is a key is issued directly (see ``run``).
+        self.issuers: Dict = {self.backend_type.NATIVE[name]: issue for name, issue in self.backend_type.ISSUE.items()}
         self._seq = communicator.tag_origin
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the queue or the pending count changed
@@ -159,12 +166,67 @@ class Group(ProcessGroupMethods):
             if not call.async_op and (self._pending == 0 or on_worker):
                 self.execute(call, tag, observers, issued_s)
                 return None
+            # A native call its backend runs asynchronously by itself is issued to it directly, here, when
+            # nothing is queued or running (so it overtakes no call of this group): no executor thread.
+            if call.async_op and self._pending == 0 and not observers:
+                issue = self.issuers.get(call.function)
+                if issue is not None and call.options is None and not _profiler_enabled():
+                    return self._issue(call, tag, issue)
             future = self._enqueue(call, tag, on_worker, observers, issued_s)
         work = Work(f"{call.collective} on {self.describe()}", future, call.outputs, self)
         if call.async_op:
             return work
         work.wait()
         return None
+
+    def _issue(self, call, tag: int, issue) -> IssuedWork:
+        """Check ``call`` and post it to the backend (the lock is held, nothing queued or running); its errors,
+        typed as :meth:`execute` types them, come out of the ``Work``'s ``wait``, as from the executor."""
+        seconds = self._timeout_s if call.timeout is None else call.timeout
+        start = time.monotonic()
+        deadline = start + seconds
+        config = WORLD.config
+        try:
+            try:
+                if (config.debug or config.check) and self.communicator.size > 1:
+                    from .validate import cross_check  # validate imports this module: a late import
+                    if cross_check(call, tag, deadline, config.debug):  # the all_reduce rode in the check
+                        return IssuedWork(call, self, None, None, start, seconds)
+                request, after = issue(self.communicator, *call.args, tag=tag, deadline=deadline,
+                                       segment_bytes=config.segment_bytes)
+            except TimeoutError as error:
+                raise self._timed_out(call.collective, seconds, error, start) from None
+            except PeerFailure as failure:
+                raise self._peer_failed(call.collective, failure) from None
+            except shm.CallMismatch as mismatch:
+                self._mismatched(call.collective, mismatch.fingerprint, deadline, seconds, start)
+        except Exception as error:  # the caller sees it through Work.wait, as from the executor
+            return IssuedWork.failed(call, self, error)
+        return IssuedWork(call, self, request, after, start, seconds)
+
+    def watch(self, work: IssuedWork) -> None:
+        """Have the executor wait for an issued ``work`` and settle it there (its future's callbacks then run on
+        the executor, as every other ``Work``'s do).  Queued like a call: calls issued later wait behind it."""
+        with self._lock:
+            if self._closed:
+                try:
+                    work._once.pop()
+                except IndexError:  # settled by now
+                    return
+                work._error = CommError(f"rank {self.my_global_rank}: {work._call.collective} on {self.describe()} "
+                                        f"was abandoned: the group was destroyed before it completed")
+                work._finish()
+                return
+            self._queue.append((None, work, None, (), 0.0))
+            self._pending += 1
+            self._start_worker()
+            self._changed.notify_all()
+
+    def _start_worker(self) -> None:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._serve, name=f"zerocomm-{self.name}", daemon=True)
+            self._worker.start()
+            self._worker_ident = self._worker.ident
 
     def _enqueue(self, call, tag: int, on_worker: bool, observers: tuple, issued_s: float) -> Future:
         """Queue ``call`` (the lock is held); wait while the queue is full, within the call's deadline."""
@@ -178,10 +240,7 @@ class Group(ProcessGroupMethods):
         future: Future = Future()
         self._queue.append((call, tag, future, observers, issued_s))
         self._pending += 1
-        if self._worker is None:
-            self._worker = threading.Thread(target=self._serve, name=f"zerocomm-{self.name}", daemon=True)
-            self._worker.start()
-            self._worker_ident = self._worker.ident
+        self._start_worker()
         self._changed.notify_all()
         return future
 
@@ -276,8 +335,19 @@ class Group(ProcessGroupMethods):
             self._run_queued(*item)
             del item  # drop this task's buffers now, not when the next task arrives
 
-    def _run_queued(self, call, tag: int, future: Future, observers: tuple, issued_s: float) -> None:
-        if future.set_running_or_notify_cancel():
+    def _run_queued(self, call, tag, future: Optional[Future], observers: tuple, issued_s: float) -> None:
+        if call is None:  # an issued Work to wait for (``watch``), in ``tag``'s place
+            try:
+                tag._settle(None)
+            except BaseException as error:  # a local error of the backend's wait: the Work holds it
+                try:
+                    tag._once.pop()
+                except IndexError:
+                    pass
+                else:
+                    tag._error = error
+                    tag._finish()
+        elif future.set_running_or_notify_cancel():
             try:
                 self.execute(call, tag, observers, issued_s)  # one at a time: only this thread runs queued calls
             except BaseException as error:  # the caller sees it through Work.wait
@@ -322,7 +392,7 @@ class Group(ProcessGroupMethods):
             self._pending -= len(cancelled)
             self._changed.notify_all()
         for call, _, future, *_ in cancelled:
-            if future.set_running_or_notify_cancel():
+            if call is not None and future.set_running_or_notify_cancel():  # an issued Work ends by its deadline
                 future.set_exception(CommError(f"rank {self.my_global_rank}: {call.collective} on "
                                                f"{self.describe()} was cancelled: the group was destroyed first"))
         if self._worker is not None and self._worker is not threading.current_thread():

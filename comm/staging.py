@@ -188,7 +188,7 @@ def retry(error: Exception, collective: Callable, args: Sequence, kwargs: dict, 
         else:
             done.set_exception(error)
 
-    work._future.add_done_callback(finish)
+    work.add_done_callback(finish)
     outputs = [tensor for tensor, _ in mirror.back]
     return Work(f"{name} (staged through host memory)", done, outputs, getattr(work, "_group", None))
 

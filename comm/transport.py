@@ -119,6 +119,8 @@ DISAGREE, AGREE, AGREE_AND_REDUCED = 0, 1, 2
 
 #: A native collective: ``f(backend, *buffers, tag, deadline, segment_bytes) -> None``.
 NativeCollective = Callable[..., None]
+#: A native collective posted without waiting: ``f(backend, *buffers, tag, deadline, segment_bytes) -> (request, after)``.
+IssuedCollective = Callable[..., tuple]
 
 
 class Backend(Transport):
@@ -130,6 +132,14 @@ class Backend(Transport):
     """
 
     NATIVE: ClassVar[Mapping[str, NativeCollective]] = {}
+
+    #: The native collectives the backend runs asynchronously by itself, so that an ``async_op`` call is issued
+    #: to it directly (no executor thread; see ``Group.run``): ``{collective: f(backend, *buffers, tag, deadline,
+    #: segment_bytes) -> (request, after)}``, the buffers of ``NATIVE``'s function.  ``f`` posts the collective
+    #: and returns at once; ``request`` (a :class:`Request`, or ``None`` when nothing was to move) completes
+    #: with it, and ``after`` (``None`` or a callable without arguments) runs once after it completed: what the
+    #: blocking function does to the outputs after its wait (gloo's AVG divides the SUM).
+    ISSUE: ClassVar[Mapping[str, IssuedCollective]] = {}
 
     @classmethod
     def native_support(cls, collective: str, dtype: torch.dtype, op: Optional[str]) -> Optional[str]:

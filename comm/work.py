@@ -1,7 +1,9 @@
 """``Work``: the handle an ``async_op=True`` call returns, as torch's ``Work`` behaves.
 
-A collective runs on its group's executor (see ``group.py``); its ``Work`` wraps the
-``concurrent.futures.Future`` of that run.  ``wait`` re-raises the run's error (a
+A collective written in Python runs on its group's executor (see ``group.py``); its ``Work``
+wraps the ``concurrent.futures.Future`` of that run.  A native collective that its backend runs
+asynchronously by itself is issued directly, and its :class:`IssuedWork` waits on the backend's
+own request: no thread in between.  ``wait`` re-raises the run's error (a
 ``CommTimeoutError`` naming the op, group and awaited peer, a ``PeerError`` ...), or a
 ``CommTimeoutError`` of its own when the caller's ``timeout`` passes first.
 """
@@ -10,11 +12,13 @@ from __future__ import annotations
 import concurrent.futures
 import datetime
 import math
+import time
 from typing import List, Optional
 
 import torch
 
 from .errors import CommTimeoutError, InvalidArgumentError
+from .transport import PeerFailure
 
 
 def timeout_seconds(timeout, what: str = "timeout") -> Optional[float]:
@@ -76,6 +80,11 @@ class Work:
     def synchronize(self) -> None:
         self.wait()
 
+    def add_done_callback(self, callback) -> None:
+        """Call ``callback(future)`` (a ``concurrent.futures.Future`` holding the outcome) once the operation is
+        done, on the thread that completes it (the group's executor), or at once if it is done already."""
+        self._future.add_done_callback(callback)
+
     def get_future(self) -> torch.futures.Future:
         """A ``torch.futures.Future`` completed with the output tensors (or the error)."""
         if self._torch_future is None:
@@ -96,3 +105,133 @@ class Work:
         state = "done" if self._future.done() else "pending"
         return f"<zerocomm Work {self._description} ({state})>"
 
+
+
+class IssuedWork(Work):
+    """The ``Work`` of a call issued directly to a backend that runs it asynchronously by itself
+    (``Backend.ISSUE``; see ``Group.run``): ``wait`` waits on the backend's ``request`` on the caller's
+    thread, by the call's deadline, and raises what the group's executor would have raised (a
+    ``CommTimeoutError`` naming the op, the group and the awaited peer, a ``PeerError``); the group is
+    unusable after either, as after a failed blocking call.  ``after`` (or ``None``) runs once when the
+    request is done, before the outputs are read; ``copy_out`` as in ``validate.Call``.
+
+    Nothing completes it in the background: where a future callback is asked for (``get_future``,
+    ``add_done_callback``), the group's executor is asked to wait for it (``Group.watch``), and the
+    callbacks run there, as for every other ``Work``.  ``request`` is ``None`` for a call that was
+    done at issue (nothing to move, or its all_reduce rode in the mismatch check).
+    """
+
+    def __init__(self, call, group, request, after, start: float, seconds: float):
+        self._call = call
+        self._group = group
+        self._outputs = call.outputs
+        self._request = request
+        self._after = after
+        self._start = start
+        self._seconds = seconds
+        self._once = [True]  # popped by the one thread that settles the outcome
+        self._done = request is None
+        self._error: Optional[BaseException] = None
+        self._future: Optional[concurrent.futures.Future] = None  # made by _watch, for callbacks
+        self._torch_future: Optional[torch.futures.Future] = None
+        if request is None:
+            self._once.pop()
+            self._finish()
+
+    @property
+    def _description(self) -> str:
+        return f"{self._call.collective} on {self._group.describe()}"
+
+    @classmethod
+    def failed(cls, call, group, error: BaseException) -> "IssuedWork":
+        """A ``Work`` whose call failed while it was issued (its check): ``wait`` raises ``error``."""
+        work = cls(call, group, None, None, 0.0, 0.0)
+        work._error = error
+        return work
+
+    def _finish(self) -> None:
+        if self._after is not None and self._error is None:
+            self._after()
+        if self._call.copy_out and self._error is None:
+            for source, destination in self._call.copy_out:
+                destination.copy_(source.view(destination.shape))
+        self._done = True
+        future = self._future
+        if future is not None:
+            self._resolve(future)
+
+    def _resolve(self, future: concurrent.futures.Future) -> None:
+        try:
+            if self._error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(self._error)
+        except concurrent.futures.InvalidStateError:  # resolved by the other thread already
+            pass
+
+    def _settle(self, seconds: Optional[float]) -> None:
+        """Wait for the request until ``seconds`` (None: the call's deadline) and settle the outcome."""
+        remaining = self._start + self._seconds - time.monotonic()
+        limit = remaining if seconds is None or seconds >= remaining else seconds
+        try:
+            self._request.wait(limit if limit > 0.0 else 0.0)
+        except TimeoutError as error:
+            if limit < remaining:  # the caller's own timeout ran out first: the call goes on
+                raise CommTimeoutError(f"Work.wait: {self._description} did not complete within "
+                                       f"{seconds * 1000:.0f} ms") from None
+            failure = self._group._timed_out(self._call.collective, self._seconds, error, self._start)
+        except PeerFailure as peer:
+            failure = self._group._peer_failed(self._call.collective, peer)
+        else:
+            failure = None
+        try:
+            self._once.pop()
+        except IndexError:  # settled already, or being settled by another thread
+            while not self._done:
+                time.sleep(0)
+            return
+        self._error = failure
+        self._finish()
+
+    def wait(self, timeout=None) -> bool:
+        """Block until done; raise the operation's error, or ``CommTimeoutError`` after ``timeout``."""
+        if self._error is None and self._request is not None:
+            # Even when done: NCCL's wait orders the caller's current stream after the collective.
+            self._settle(None if timeout is None else timeout_seconds(timeout, "Work.wait: timeout"))
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        if not self._done and self._request.test():
+            try:
+                self._settle(None)
+            except CommTimeoutError:
+                pass
+        return self._done
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error if self.is_completed() else None
+
+    def _watch(self) -> concurrent.futures.Future:
+        future = self._future
+        if future is None:
+            self._future = future = concurrent.futures.Future()
+            if self._done:
+                self._resolve(future)
+            else:
+                self._group.watch(self)  # its executor waits for the request (see the class docstring)
+        return future
+
+    def add_done_callback(self, callback) -> None:
+        self._watch().add_done_callback(callback)
+
+    def get_future(self) -> torch.futures.Future:
+        self._watch()
+        return super().get_future()
+
+    def __repr__(self) -> str:
+        return f"<zerocomm Work {self._description} ({'done' if self._done else 'pending'})>"

@@ -302,3 +302,69 @@ class GlooBackend(Backend):
     NATIVE = {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce, "all_gather": all_gather,
               "gather": gather, "scatter": scatter, "reduce_scatter": reduce_scatter, "all_to_all": all_to_all,
               "barrier": barrier}
+
+    # -- the same, posted without waiting (``Backend.ISSUE``): gloo runs them on its own threads ----------
+    def _avg_after(self, tensor, op):
+        return (lambda: finalize_(tensor, "avg", self.size)) if op == "avg" else None
+
+    def issue_all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> tuple:
+        if not tensor.numel():
+            return None, None
+        work = self.pg.allreduce([tensor], self._all_reduce_options[op])
+        return GlooRequest(work, "gloo allreduce", tensor), self._avg_after(tensor, op)
+
+    def issue_broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> tuple:
+        if not tensor.numel():
+            return None, None
+        opts = _C.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = root, 0
+        return GlooRequest(self.pg.broadcast([tensor], opts), "gloo broadcast", tensor), None
+
+    def issue_reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> tuple:
+        if tensor.numel() == 0:
+            return None, None
+        opts = _C.ReduceOptions()
+        opts.rootRank, opts.reduceOp = root, _TORCH_OPS["sum" if op == "avg" else op]
+        work_tensor = tensor if self.rank == root else tensor.clone()
+        request = GlooRequest(self.pg.reduce([work_tensor], opts), "gloo reduce", work_tensor)
+        return request, self._avg_after(tensor, op) if self.rank == root else None
+
+    def issue_all_gather(self, output, input, *, tag, deadline, segment_bytes) -> tuple:
+        if not input.numel():
+            return None, None
+        return GlooRequest(self.pg._allgather_base(output, input), "gloo allgather", (output, input)), None
+
+    def issue_gather(self, output, input, root, *, tag, deadline, segment_bytes) -> tuple:
+        if input.numel() == 0:
+            return None, None
+        opts = _C.GatherOptions()
+        opts.rootRank = root
+        outputs: List[List[torch.Tensor]] = [list(output.chunk(self.size))] if self.rank == root else []
+        return GlooRequest(self.pg.gather(outputs, [input], opts), "gloo gather", (outputs, input)), None
+
+    def issue_scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> tuple:
+        if output.numel() == 0:
+            return None, None
+        opts = _C.ScatterOptions()
+        opts.rootRank = root
+        inputs = [list(input.chunk(self.size))] if self.rank == root else []
+        return GlooRequest(self.pg.scatter([output], inputs, opts), "gloo scatter", (output, inputs)), None
+
+    def issue_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> tuple:
+        if output.numel() == 0:
+            return None, None
+        opts = _C.ReduceScatterOptions()
+        opts.reduceOp = _TORCH_OPS["sum" if op == "avg" else op]
+        work = self.pg._reduce_scatter_base(output, input, opts)
+        return GlooRequest(work, "gloo reduce_scatter", (output, input)), self._avg_after(output, op)
+
+    def issue_all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> tuple:
+        work = self.pg.alltoall_base(output, input, list(out_counts), list(in_counts), _C.AllToAllOptions())
+        return GlooRequest(work, "gloo alltoall", (output, input)), None
+
+    def issue_barrier(self, *, tag, deadline, segment_bytes) -> tuple:
+        return GlooRequest(self.pg.barrier(_C.BarrierOptions()), "gloo barrier"), None
+
+    ISSUE = {"all_reduce": issue_all_reduce, "broadcast": issue_broadcast, "reduce": issue_reduce,
+             "all_gather": issue_all_gather, "gather": issue_gather, "scatter": issue_scatter,
+             "reduce_scatter": issue_reduce_scatter, "all_to_all": issue_all_to_all, "barrier": issue_barrier}

@@ -212,3 +212,41 @@ class NcclBackend(Backend):
     NATIVE = {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce, "all_gather": all_gather,
               "gather": gather, "scatter": scatter, "reduce_scatter": reduce_scatter, "all_to_all": all_to_all,
               "barrier": barrier}
+
+    # -- the same, posted without waiting (``Backend.ISSUE``): NCCL is asynchronous by itself; the Work's
+    # wait orders the caller's current stream after it (see the module note) ------------------------------
+    def issue_all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> tuple:
+        if tensor.numel() == 0:
+            return None, None
+        opts = td.AllreduceOptions()
+        opts.reduceOp = self._ops[op]
+        return NcclRequest(self.pg.allreduce([self._movable(tensor)], opts), "nccl allreduce"), None
+
+    def issue_broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> tuple:
+        if tensor.numel() == 0:
+            return None, None
+        opts = td.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = root, 0
+        return NcclRequest(self.pg.broadcast([self._movable(tensor)], opts), "nccl broadcast"), None
+
+    def issue_all_gather(self, output, input, *, tag, deadline, segment_bytes) -> tuple:
+        if input.numel() == 0:
+            return None, None
+        work = self.pg._allgather_base(self._movable(output), self._movable(input))
+        return NcclRequest(work, "nccl allgather"), None
+
+    def issue_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> tuple:
+        if output.numel() == 0:
+            return None, None
+        opts = td.ReduceScatterOptions()
+        opts.reduceOp = self._ops[op]
+        work = self.pg._reduce_scatter_base(self._movable(output), self._movable(input), opts)
+        return NcclRequest(work, "nccl reduce_scatter"), None
+
+    def issue_all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> tuple:
+        work = self.pg.alltoall_base(self._movable(output), self._movable(input), list(out_counts),
+                                     list(in_counts), td.AllToAllOptions())
+        return NcclRequest(work, "nccl alltoall"), None
+
+    ISSUE = {"all_reduce": issue_all_reduce, "broadcast": issue_broadcast, "all_gather": issue_all_gather,
+             "reduce_scatter": issue_reduce_scatter, "all_to_all": issue_all_to_all}
