@@ -125,6 +125,29 @@ class ZeroConfig:
     steps_per_print: Optional[int] = None
     """Log ``step=…, skipped=…, lr=…, mom=…`` on rank 0 every this many optimizer steps (skipped ones included),
     at INFO level on the ``zerocomm.zero`` logger, as DeepSpeed does.  None: never."""
+    zero_quantized_weights: bool = False
+    """Stage 3 (ZeRO++'s qwZ): the parameter all_gathers of forward and backward move int8 codes in blocks of
+    ``quantization_block`` elements, each block with a float32 scale, instead of the compute dtype (about a
+    quarter of fp32's bytes, half of bf16's).  A rank's own chunk stays exact; the float32 masters, the optimizer
+    and checkpoints are unchanged, and gathers outside the step (``gathered_parameters``) and of the persistent
+    unit stay exact.  Other stages ignore it, as DeepSpeed does."""
+    zero_hpz_partition_size: int = 1
+    """Stage 3 (ZeRO++'s hpZ): ranks per secondary partition (1: off).  Forward's gather of a unit also leaves
+    each rank a secondary shard (1 / this of the unit, from the gathered values), and backward gathers the
+    unit from the secondary shards of its partition only, so those gathers never leave the host.  Partitions
+    are consecutive slices of each host's ranks (``zerocomm.comm.get_host_names``): the size must divide the
+    ranks of every host.  Costs the secondary shards' memory, counted in ``model_state_bytes()["params"]``
+    (alone: ``optimizer.parameters.gathers.secondary_bytes()``)."""
+    zero_quantized_gradients: bool = False
+    """Stages 2 and 3 (ZeRO++'s qgZ): each gradient bucket's reduce-scatter becomes two all_to_alls of codes of
+    ``quantized_gradient_bits`` bits (stage 1 and ``reduce_scatter=False`` ignore it): inside each host first (each rank sums its host's share of the chunks it
+    will send across), then across hosts between ranks of the same local index.  Bytes over the link: about
+    ``bits / 32`` of an fp32 reduce-scatter's, divided again by the ranks per host."""
+    quantized_gradient_bits: int = 4
+    """``zero_quantized_gradients``: 4 (two codes per byte, as ZeRO++) or 8."""
+    quantization_block: int = 256
+    """Elements per quantization block (one float32 scale each) for ``zero_quantized_weights`` and
+    ``zero_quantized_gradients``; even."""
     debug: bool = False
     """Stage 3: before each unit's gather and reduction, check that every rank is at the same unit
     and phase, and raise ``ZeroStateError`` naming both ranks at the first divergence (one small
@@ -170,9 +193,15 @@ class ZeroConfig:
                     f"optimizer steps the parameter shards piece by piece from their files (with the optimizer "
                     f"state in memory, each fp32 master would be a whole in-memory copy of its parameter shard)")
         for name in ("overlap_comm", "reduce_scatter", "debug", "wait_per_module", "pin_memory",
-                     "consecutive_hysteresis", "shared_memory"):
+                     "consecutive_hysteresis", "shared_memory", "zero_quantized_weights", "zero_quantized_gradients"):
             if not isinstance(getattr(self, name), bool):
                 raise ZeroConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        _check_int("zero_hpz_partition_size", self.zero_hpz_partition_size, minimum=1)
+        _check_choice("quantized_gradient_bits", self.quantized_gradient_bits, (4, 8))
+        _check_int("quantization_block", self.quantization_block, minimum=2)
+        if self.quantization_block % 2:
+            raise ZeroConfigError(f"quantization_block must be even (int4 codes pack two per byte), got "
+                                  f"{self.quantization_block}")
         if self.keep_bucket_buffers is not None and not isinstance(self.keep_bucket_buffers, bool):
             raise ZeroConfigError(f"keep_bucket_buffers must be None or a bool, got {self.keep_bucket_buffers!r}")
         for name in ("gradient_clipping", "loss_scale"):

@@ -186,14 +186,14 @@ _TABLE = [
     Key("zero_optimization.legacy_stage1", F, why="there is one stage 1", default=False, kind=bool),
     Key("zero_optimization.round_robin_gradients", I, why="a copy schedule for DeepSpeed's CPU offload; zerocomm "
         "copies each bucket's own shard", default=False, kind=bool),
-    Key("zero_optimization.zero_hpz_partition_size", F, why="hierarchical partitioning (ZeRO++ hpZ) is not "
-        "implemented; use algorithm='hierarchical' for the collectives", default=1, kind=int),
-    Key("zero_optimization.zero_quantized_weights", F, why="ZeRO++ quantized weights are not implemented",
-        default=False, kind=bool),
+    Key("zero_optimization.zero_hpz_partition_size", H, "zero_hpz_partition_size", why="ZeRO++ hpZ: backward "
+        "gathers stage 3's units from a secondary partition inside the host", default=1, kind=int),
+    Key("zero_optimization.zero_quantized_weights", H, "zero_quantized_weights", why="ZeRO++ qwZ: stage 3's "
+        "parameter gathers move int8 blocks", default=False, kind=bool),
     Key("zero_optimization.zero_quantized_nontrainable_weights", F, why="ZeRO++ quantized weights are not "
         "implemented", default=False, kind=bool),
-    Key("zero_optimization.zero_quantized_gradients", F, why="ZeRO++ quantized gradients are not implemented; "
-        "zerocomm.comm.compressed_all_reduce or OneBitAdam compress gradients", default=False, kind=bool),
+    Key("zero_optimization.zero_quantized_gradients", H, "zero_quantized_gradients", why="ZeRO++ qgZ: gradients "
+        "are reduced by int4 all_to_alls, inside each host and then across", default=False, kind=bool),
     Key("zero_optimization.zeropp_loco_param", F, why="ZeRO++ LoCo is not implemented", default=None),
     Key("zero_optimization.mics_shard_size", F, why="MiCS is not implemented: pass a subgroup as group=",
         default=-1, kind=int),

@@ -292,6 +292,8 @@ class ShardedGradients:
         self._buffer_numel = max((layout.padded_numel for layout in layouts), default=0)
         self._chunk = [layout.chunk_bounds(rank) for layout in layouts]
         self._shard_range = [(layout.shard_offset, layout.shard_offset + layout.chunk_numel) for layout in layouts]
+        self.reduce_scatter = dist.reduce_scatter_tensor
+        """The bucket's reduce-scatter (``zeropp.QuantizedReduceScatter`` under ``zero_quantized_gradients``)."""
 
     def acquire(self, layout: BucketLayout) -> torch.Tensor:
         while self._inflight and self._inflight[0].is_completed():
@@ -316,8 +318,8 @@ class ShardedGradients:
         else:
             out = self.reduced(layout)
         if self.reduction is Reduction.REDUCE_SCATTER:
-            return dist.reduce_scatter_tensor(out, buffer, op=dist.ReduceOp.AVG, group=self.group,
-                                              async_op=True, algorithm=self.algorithm)
+            return self.reduce_scatter(out, buffer, op=dist.ReduceOp.AVG, group=self.group, async_op=True,
+                                       algorithm=self.algorithm)
         work = dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=self.group, async_op=True,
                                algorithm=self.algorithm)
         lo, hi = self._chunk[layout.index]

@@ -70,6 +70,7 @@ from .schedulers import build_scheduler
 from .sharded import ShardedParameters
 from .stages import GradientPlacement, ParameterPlacement, plan_for
 from .torch_state import load_rank_state, rank_state
+from .zeropp import build_quantized_reduce_scatter
 
 log = logging.getLogger("zerocomm.zero")
 
@@ -217,6 +218,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                               rank=self.rank, group=group, algorithm=self.step_algorithm,
                                               keep_shard=not getattr(self.optimizer_state, "streams_gradients", False),
                                               keep_buffers=self.plan.keep_bucket_buffers)
+            quantized = build_quantized_reduce_scatter(config, rank=self.rank, world_size=self.world_size, group=group)
+            if quantized is not None:  # ZeRO++'s qgZ
+                self.gradients.reduce_scatter = quantized
         self.buckets = [GradientBucket(layout, acquire=self.gradients.acquire, reduce=self.gradients.reduce,
                                        persistent=self.gradients.persistent, release=self.gradients.release, rank=self.rank,
                                        on_reduced=on_reduced)

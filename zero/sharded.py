@@ -56,6 +56,7 @@ from .gradients import release_storage, tensor_bytes
 from .offload_param import build_param_store
 from .partition import BucketLayout, layout_groups, slot_views
 from .units import plan_units, split_units_by_group
+from .zeropp import build_unit_gathers
 
 _PHASES = {"forward": 0, "backward": 1, "reduce": 2, "gather": 3}
 
@@ -92,6 +93,9 @@ class ShardedParameters:
         self._state: list[UnitState] = []
         self._gathers: dict[int, tuple] = {}  # unit -> (Work, staging buffer or None, the gather's input)
         self._staged = self._collectives_pin_storage(device)
+        self.gathers = build_unit_gathers(config, self.layouts, rank=rank, world_size=self.world_size, group=group,
+                                          dtype=dtype, device=device)
+        """How a unit is gathered: plain, int8 blocks (qwZ), from the host's secondary partition (hpZ); zeropp.py."""
         with torch.no_grad():
             for u, layout in enumerate(self.layouts):
                 clo, chi = layout.chunk_bounds(rank)
@@ -161,7 +165,7 @@ class ShardedParameters:
         """{"device", "host", "disk"} bytes of the shard and the gathered units (``where``: the name of the
         parameters' device, "host" for CPU models)."""
         out = self.store.placement(where)
-        out[where] += sum(full.untyped_storage().nbytes() for full in self.full)
+        out[where] += sum(full.untyped_storage().nbytes() for full in self.full) + self.gathers.secondary_bytes()
         return out
 
     # -- gather and release ------------------------------------------------------------------------
@@ -195,9 +199,8 @@ class ShardedParameters:
         if not self._staged and full.untyped_storage().nbytes() == 0:
             full.untyped_storage().resize_(full.numel() * full.element_size())
         source = self.store.fetch(u)
-        work = dist.all_gather_into_tensor(target, source, group=self.group, async_op=True,
-                                           algorithm=self.algorithm)
-        self._gathers[u] = (work, target if self._staged else None, source)
+        work = self.gathers.start(u, target, source, phase)
+        self._gathers[u] = (work, target if self._staged else None, source, phase)
         self._state[u] = UnitState.GATHERING
         if not self.units[u].persistent:
             self.live_numel += layout.padded_numel
@@ -206,7 +209,7 @@ class ShardedParameters:
     def _finish_gather(self, u: int) -> None:
         if self._state[u] is not UnitState.GATHERING:
             return
-        work, staging, _ = self._gathers.pop(u)  # the input (a fetched copy, for offloaded shards) is dropped
+        work, staging, _, phase = self._gathers.pop(u)  # the input (a fetched copy, for offloaded shards) is dropped
         work.wait()
         if staging is not None:
             full = self.full[u]
@@ -215,6 +218,7 @@ class ShardedParameters:
             with torch.no_grad():
                 full.copy_(staging)
             release_storage(staging)
+        self.gathers.finished(u, self.full[u], phase, self.units[u].persistent)
         self._state[u] = UnitState.GATHERED
 
     def _gather(self, u: int, phase: str) -> None:
@@ -319,6 +323,7 @@ class ShardedParameters:
 
     def after_step(self) -> None:
         self.store.invalidate()  # the step changed the shards: reads started before it are stale
+        self.gathers.invalidate()
         for u, plan in enumerate(self.units):
             if plan.persistent:
                 self._state[u] = UnitState.RELEASED  # its storage stays allocated; the gather refreshes it

@@ -1,0 +1,347 @@
+"""ZeRO++ on every backend: quantized weight gathers (qwZ), a secondary partition inside each host (hpZ) and
+quantized hierarchical gradient reduction (qgZ).
+
+Three small parts, each plugged into stage 3 (or 2) at one point:
+
+* ``UnitGathers`` is how ``ShardedParameters`` (sharded.py) gathers a unit.  Plain: one all_gather of the
+  compute dtype.  qwZ: each rank sends int8 codes of its chunk in blocks of ``quantization_block`` elements
+  plus one float32 scale per block, one uint8 buffer per rank; each rank decodes the others' chunks into the
+  unit and copies its own chunk exactly.  hpZ: the end of forward's gather also keeps a *secondary shard*
+  (this rank's 1/P of the gathered unit, P = ``zero_hpz_partition_size``), and backward gathers the unit
+  from the secondary shards of the P ranks of its partition, which share a host: no byte of backward's
+  gathers crosses a host's link.  The values are those forward used (already decoded, for qwZ), so forward
+  and backward see the same weights.  Gathers outside the step (``gathered_parameters``, the persistent unit
+  after the step) stay exact and plain.
+* ``QuantizedReduceScatter`` replaces ``reduce_scatter_tensor`` of a gradient bucket (gradients.py) with two
+  all_to_alls of int4 (or int8) codes, hierarchically (see the note below).
+* ``HostLayout`` says which ranks share a host (``zerocomm.comm.get_host_names``) and builds the groups the
+  two parts talk over.
+
+[Note: qgZ's hierarchy]
+H hosts of L ranks each, N = H·L; the bucket is N chunks and rank r owns chunk r (the ZeRO layout).  Name a
+rank (h, l): host h, local index l.  Step 1, inside each host: rank (h, l) cuts its bucket into L pieces, piece
+l' = the H chunks owned by the ranks of local index l' ((0, l'), (1, l'), ...), quantizes each piece and
+all_to_alls them in its host.  It then holds, decoded and summed, its host's share of the H chunks owned by
+the ranks of local index l.  Step 2, across hosts, among the H ranks of local index l: it quantizes each of
+those H chunks and all_to_alls them, so that chunk (h', l) goes to host h'; it decodes and sums the H
+host-sums of its own chunk and divides by N.  Bytes over a host's link: each rank sends (H-1)/H of 1/L of the
+bucket, at ``bits`` per element plus a scale per block: with L = 2 and int4, 1/16 of a flat fp32 ring
+reduce-scatter's (which crosses a link with (N-1)/N of the bucket per rank).  A rank's own piece is never
+quantized (it does not travel).  Error feedback (``ops.quantize.BlockFeedback``) is not applied: it would keep
+a full bucket of error per rank, the memory stage 3 saves; the tests bound the loss against plain ZeRO-3.
+
+[Note: the order of the steps]
+A rank blocks in a collective's launch until its peers reach the same call (the mismatch check), so every
+rank must launch the all_to_alls of both groups in one order, or two ranks can each wait for the other in a
+different group.  Step 1 of a bucket is launched when its reduction is (a point of backward that is the same
+on every rank); step 2 when the next bucket's reduction is launched, or when the bucket is waited for,
+never from a poll.  Decoding the last all_to_all may run from a poll: it launches nothing.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .. import comm as dist
+from ..ops.quantize import dequantize_blocks, quantize_blocks, quantized_nbytes, split_payload
+from .errors import ZeroConfigError
+
+WEIGHT_BITS = 8
+
+
+class HostLayout:
+    """Which ranks of a group share a host: ``hosts[h]`` the group ranks of host h (hosts ordered by their
+    lowest rank), ``host_of[r]`` and ``local_of[r]`` the host and local index of group rank r."""
+
+    def __init__(self, names: Sequence[str]):
+        order: dict = {}
+        for r, name in enumerate(names):
+            order.setdefault(name, []).append(r)
+        self.names = tuple(names)
+        self.hosts = tuple(tuple(ranks) for ranks in order.values())
+        self.host_of = {r: h for h, ranks in enumerate(self.hosts) for r in ranks}
+        self.local_of = {r: ranks.index(r) for ranks in self.hosts for r in ranks}
+
+    @classmethod
+    def learn(cls, group) -> "HostLayout":
+        """Every rank of ``group`` calls it (one all_gather of the host names)."""
+        return cls(dist.get_host_names(group))
+
+    def uniform(self, what: str, rank: int) -> int:
+        """L, the ranks per host, when every host has as many; else ``ZeroConfigError`` naming the hosts."""
+        sizes = {len(ranks) for ranks in self.hosts}
+        if len(sizes) != 1:
+            raise ZeroConfigError(f"rank {rank}: {what} needs as many ranks on every host, got hosts "
+                                  f"{self.describe()}")
+        return sizes.pop()
+
+    def describe(self) -> str:
+        return ", ".join(f"{self.names[ranks[0]]!r}: ranks {list(ranks)}" for ranks in self.hosts)
+
+
+def _new_groups(group, rank_lists: Sequence[Sequence[int]], rank: int) -> dict:
+    """``new_group`` over each list of ``group``'s ranks (every process calls it for every list, in order);
+    the groups this rank belongs to, by their rank tuple."""
+    mine = {}
+    for ranks in rank_lists:
+        handle = dist.new_group([dist.get_global_rank(group, r) if group is not None else r for r in ranks])
+        if rank in ranks:
+            mine[tuple(ranks)] = handle
+    return mine
+
+
+class _Then:
+    """A ``Work`` whose ``wait`` also runs ``then`` once (decoding what a collective brought)."""
+
+    def __init__(self, work, then: Callable[[], None]):
+        self._work, self._then = work, then
+
+    def is_completed(self) -> bool:
+        return self._then is None or self._work.is_completed()
+
+    def wait(self) -> bool:
+        if self._then is not None:
+            self._work.wait()
+            then, self._then = self._then, None
+            then()
+        return True
+
+
+# -- parameters: qwZ and hpZ ----------------------------------------------------------------------------
+
+class UnitGathers:
+    """How stage 3 gathers unit ``u`` into its full buffer, by phase (see the module docstring)."""
+
+    def __init__(self, layouts: Sequence, *, rank: int, world_size: int, group, algorithm: Optional[str],
+                 quantize: bool = False, block: int = 256, hpz_group=None, hpz_size: int = 1,
+                 hpz_rank: int = 0, dtype: torch.dtype = torch.float32, device=None):
+        self.layouts, self.rank, self.world_size = list(layouts), rank, world_size
+        self.group, self.algorithm = group, algorithm
+        self.quantize, self.block = quantize, block
+        self.hpz_group, self.hpz_size, self.hpz_rank = hpz_group, hpz_size, hpz_rank
+        self.dtype, self.device = dtype, device
+        self.secondary: dict = {}
+        """Unit -> this rank's secondary shard (hpZ): 1 / ``hpz_size`` of the unit as forward gathered it."""
+        self._fresh: set = set()  # units whose secondary shard holds this step's values
+        self.gathered_bytes = {"plain": 0, "quantized": 0, "secondary": 0}
+        """Bytes this rank received per kind of gather since construction (what each kind costs)."""
+
+    def start(self, u: int, target: torch.Tensor, source: torch.Tensor, phase: str):
+        """Launch unit ``u``'s gather into ``target``; returns a ``Work`` whose ``wait`` leaves it complete."""
+        if phase == "backward" and u in self._fresh:
+            self.gathered_bytes["secondary"] += target.numel() * target.element_size()
+            return dist.all_gather_into_tensor(target, self.secondary[u], group=self.hpz_group, async_op=True,
+                                               algorithm=self.algorithm)
+        if self.quantize and phase in ("forward", "backward") and self.world_size > 1:
+            return self._start_quantized(u, target, source)
+        self.gathered_bytes["plain"] += target.numel() * target.element_size()
+        return dist.all_gather_into_tensor(target, source, group=self.group, async_op=True, algorithm=self.algorithm)
+
+    def _start_quantized(self, u: int, target: torch.Tensor, source: torch.Tensor):
+        chunk, block, n = self.layouts[u].chunk_numel, self.block, self.world_size
+        record = quantized_nbytes(chunk, WEIGHT_BITS, block)
+        mine = torch.empty(record, dtype=torch.uint8, device=source.device)
+        quantize_blocks(source.reshape(-1), bits=WEIGHT_BITS, block=block, out=mine)
+        everyone = torch.empty(n * record, dtype=torch.uint8, device=source.device)
+        self.gathered_bytes["quantized"] += everyone.numel()
+        work = dist.all_gather_into_tensor(everyone, mine, group=self.group, async_op=True, algorithm=self.algorithm)
+
+        def decode():
+            for r in range(n):
+                out = target[r * chunk:(r + 1) * chunk]
+                if r == self.rank:
+                    out.copy_(source.reshape(-1))  # this rank's chunk never travelled: exact
+                    continue
+                codes, scales = split_payload(everyone[r * record:(r + 1) * record], chunk, bits=WEIGHT_BITS,
+                                              block=block)
+                dequantize_blocks(codes, scales, bits=WEIGHT_BITS, block=block, numel=chunk, out=out)
+
+        return _Then(work, decode)
+
+    def finished(self, u: int, full: torch.Tensor, phase: str, persistent: bool) -> None:
+        """Unit ``u``'s gather completed into ``full``: forward's leaves the secondary shard (hpZ)."""
+        if self.hpz_group is None or phase != "forward" or persistent:
+            return
+        size = full.numel() // self.hpz_size
+        piece = full[self.hpz_rank * size:(self.hpz_rank + 1) * size]
+        kept = self.secondary.get(u)
+        if kept is None:
+            self.secondary[u] = kept = torch.empty(size, dtype=full.dtype, device=full.device)
+        with torch.no_grad():
+            kept.copy_(piece)
+        self._fresh.add(u)
+
+    def invalidate(self) -> None:
+        """The step changed the parameters: secondary shards are stale until the next forward's gather."""
+        self._fresh.clear()
+
+    def secondary_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.secondary.values())
+
+
+def build_unit_gathers(config, layouts, *, rank: int, world_size: int, group, dtype, device) -> UnitGathers:
+    """The gathers ``config`` asks for (plain unless ``zero_quantized_weights`` or ``zero_hpz_partition_size``);
+    with hpZ every rank of ``group`` must call it together (host names are exchanged, groups created)."""
+    kwargs = dict(rank=rank, world_size=world_size, group=group, algorithm=config.algorithm,
+                  quantize=config.zero_quantized_weights, block=config.quantization_block, dtype=dtype, device=device)
+    size = config.zero_hpz_partition_size
+    if size <= 1 or world_size == 1:
+        return UnitGathers(layouts, **kwargs)
+    hosts = HostLayout.learn(group)
+    uneven = [list(ranks) for ranks in hosts.hosts if len(ranks) % size]
+    if uneven:
+        raise ZeroConfigError(f"rank {rank}: zero_hpz_partition_size ({size}) must divide the ranks of every host; "
+                              f"hosts: {hosts.describe()}")
+    partitions = [ranks[i:i + size] for ranks in hosts.hosts for i in range(0, len(ranks), size)]
+    mine = _new_groups(group, partitions, rank)
+    (members, handle), = mine.items()
+    return UnitGathers(layouts, hpz_group=handle, hpz_size=size, hpz_rank=members.index(rank), **kwargs)
+
+
+# -- gradients: qgZ --------------------------------------------------------------------------------------
+
+class _Chain:
+    """The ``Work`` of one quantized reduce-scatter: steps run one after another, each after the previous one's
+    collective has arrived.  Steps that launch a collective run only from ``launch_all`` and ``wait`` (points
+    of the program that are the same on every rank), never from ``is_completed`` (a poll, whose timing differs
+    between ranks): see [Note: the order of the steps]."""
+
+    def __init__(self, steps: list):
+        self._steps = collections.deque(steps)  # (function returning a Work or None, whether it launches one)
+        self._work = None
+        self._run(lambda: True)
+
+    def _run(self, more: Callable[[], bool]) -> None:
+        while self._steps and more():
+            if self._work is not None:
+                self._work.wait()
+                self._work = None
+            step, _ = self._steps.popleft()
+            self._work = step()
+
+    def launch_all(self) -> None:
+        """Run the steps until every collective of the chain has been launched."""
+        self._run(lambda: any(launches for _, launches in self._steps))
+
+    def is_completed(self) -> bool:
+        if any(launches for _, launches in self._steps):
+            return False
+        if self._work is not None and not self._work.is_completed():
+            return False
+        self._run(lambda: True)  # only decoding is left
+        return True
+
+    def wait(self) -> bool:
+        self._run(lambda: True)
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        return True
+
+
+class QuantizedReduceScatter:
+    """``reduce_scatter_tensor(out, bucket, op=AVG)`` as two quantized all_to_alls (see [Note: qgZ's
+    hierarchy]); same signature, so the gradients part calls it in place of the collective."""
+
+    def __init__(self, hosts: HostLayout, *, rank: int, world_size: int, intra_group, cross_group, bits: int,
+                 block: int, algorithm: Optional[str] = None):
+        self.hosts, self.rank, self.world_size = hosts, rank, world_size
+        self.intra_group, self.cross_group = intra_group, cross_group
+        self.bits, self.block, self.algorithm = bits, block, algorithm
+        self.h, self.l = hosts.host_of[rank], hosts.local_of[rank]
+        self.n_hosts, self.n_local = len(hosts.hosts), len(hosts.hosts[0])
+        # piece[l'] = the chunks owned by local index l' on every host, host by host
+        self._piece_chunks = [torch.tensor([ranks[lp] for ranks in hosts.hosts]) for lp in range(self.n_local)]
+        self._latest: Optional[_Chain] = None  # the last chain, whose step 2 may not be launched yet
+        self.sent_bytes = {"intra": 0, "cross": 0}
+        """Bytes this rank sent to other ranks inside its host and across hosts, since construction."""
+
+    def __call__(self, out: torch.Tensor, bucket: torch.Tensor, op=None, group=None, async_op: bool = True,
+                 algorithm: Optional[str] = None):
+        if op is not None and op != dist.ReduceOp.AVG:
+            raise ZeroConfigError(f"rank {self.rank}: the quantized reduce-scatter averages; got op {op}")
+        n, c = self.world_size, out.numel()
+        if bucket.numel() != n * c:
+            raise ZeroConfigError(f"rank {self.rank}: quantized reduce-scatter of {bucket.numel()} elements into "
+                                  f"{c} x {n} ranks")
+        chunks = bucket.view(n, c)
+        bits, block, H, L = self.bits, self.block, self.n_hosts, self.n_local
+        state: dict = {}
+
+        def intra_launch():
+            if L == 1:
+                state["partial"] = chunks.index_select(0, self._piece_chunks[0]).to(torch.float32)
+                return None
+            rec = quantized_nbytes(H * c, bits, block)
+            send = torch.empty(L * rec, dtype=torch.uint8, device=bucket.device)
+            pieces = []
+            for lp in range(L):
+                piece = chunks.index_select(0, self._piece_chunks[lp]).reshape(-1)
+                pieces.append(piece)
+                if lp != self.l:
+                    quantize_blocks(piece, bits=bits, block=block, out=send[lp * rec:(lp + 1) * rec])
+            state.update(rec=rec, own=pieces[self.l], recv=torch.empty_like(send))
+            self.sent_bytes["intra"] += (L - 1) * rec
+            return dist.all_to_all_single(state["recv"], send, group=self.intra_group, async_op=True,
+                                          algorithm=algorithm or self.algorithm)
+
+        def cross_launch():
+            if L > 1:
+                partial = state.pop("own").to(torch.float32).clone()
+                recv, rec = state.pop("recv"), state["rec"]
+                for j in range(L):
+                    if j != self.l:
+                        codes, scales = split_payload(recv[j * rec:(j + 1) * rec], H * c, bits=bits, block=block)
+                        partial += dequantize_blocks(codes, scales, bits=bits, block=block, numel=H * c)
+                state["partial"] = partial.view(H, c)
+            if H == 1:
+                return None
+            rows = state["partial"]
+            rec = quantized_nbytes(c, bits, block)
+            send = torch.empty(H * rec, dtype=torch.uint8, device=bucket.device)
+            for hp in range(H):
+                if hp != self.h:
+                    quantize_blocks(rows[hp], bits=bits, block=block, out=send[hp * rec:(hp + 1) * rec])
+            state.update(rec2=rec, recv2=torch.empty_like(send))
+            self.sent_bytes["cross"] += (H - 1) * rec
+            return dist.all_to_all_single(state["recv2"], send, group=self.cross_group, async_op=True,
+                                          algorithm=algorithm or self.algorithm)
+
+        def finish():
+            rows = state.pop("partial")
+            total = rows[self.h].clone() if rows.dim() == 2 else rows.view(H, c)[self.h].clone()
+            if H > 1:
+                recv, rec = state.pop("recv2"), state["rec2"]
+                for hp in range(H):
+                    if hp != self.h:
+                        codes, scales = split_payload(recv[hp * rec:(hp + 1) * rec], c, bits=bits, block=block)
+                        total += dequantize_blocks(codes, scales, bits=bits, block=block, numel=c)
+            out.copy_(total.div_(n))
+            return None
+
+        if self._latest is not None:
+            self._latest.launch_all()  # the previous bucket's step 2 goes first, on every rank alike
+        chain = self._latest = _Chain([(intra_launch, True), (cross_launch, True), (finish, False)])
+        if not async_op:
+            chain.wait()
+            return None
+        return chain
+
+
+def build_quantized_reduce_scatter(config, *, rank: int, world_size: int, group) -> Optional[QuantizedReduceScatter]:
+    """qgZ's reduce-scatter for ``group`` (None when ``zero_quantized_gradients`` is off or there is one rank);
+    every rank of ``group`` calls it together (host names are exchanged, groups created)."""
+    if not config.zero_quantized_gradients or world_size == 1:
+        return None
+    hosts = HostLayout.learn(group)
+    per_host = hosts.uniform("zero_quantized_gradients", rank)
+    intra = _new_groups(group, hosts.hosts, rank) if per_host > 1 else {}
+    cross_lists = [[ranks[l] for ranks in hosts.hosts] for l in range(per_host)]
+    cross = _new_groups(group, cross_lists, rank) if len(hosts.hosts) > 1 else {}
+    return QuantizedReduceScatter(hosts, rank=rank, world_size=world_size,
+                                  intra_group=next(iter(intra.values()), None),
+                                  cross_group=next(iter(cross.values()), None),
+                                  bits=config.quantized_gradient_bits, block=config.quantization_block,
+                                  algorithm=config.algorithm)
