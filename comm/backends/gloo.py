@@ -22,6 +22,7 @@ import torch.distributed as td
 from ...ops.reduce import finalize_
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
+from .. import topology
 from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request, members_arrive
 
 _C = torch._C._distributed_c10d
@@ -66,18 +67,26 @@ class GlooRequest(Request):
     timed out; one that fails earlier was ended by the transport (a closed connection).
     """
 
-    __slots__ = ("_work", "_what", "_keep", "_peer")
+    __slots__ = ("_work", "_what", "_keep", "_peer", "_transport")
 
-    def __init__(self, work, what: str, keep_alive=None, peer: Optional[int] = None):
+    def __init__(self, work, what: str, keep_alive=None, peer: Optional[int] = None, transport=None):
         self._work = work
         self._what = what
         self._keep = keep_alive  # tensors gloo reads or writes until completion
         self._peer = peer
+        self._transport = transport  # a send's communicator: its peer's liveness is checked before waiting
 
     def test(self) -> bool:
         return self._work.is_completed()
 
     def wait(self, timeout_s: Optional[float] = None) -> None:
+        # [Note: sends to the dead]  gloo ends a receive from a peer that died (its connection closes), but a
+        # send to it can wait until the deadline (the kill sweep: a survivor whose receive from the victim had
+        # completed waited 30 s in its send).  A wait cannot be interrupted (gloo's own timeout breaks the whole
+        # communicator), so a send checks first whether its peer's process has ended (same machine: a pidfd).
+        if self._transport is not None and topology.gone(self._transport, self._peer):
+            what = self._what if isinstance(self._what, str) else self._what[0].format(*self._what[1:])
+            raise PeerFailure(f"{what}: rank {self._peer}'s process has exited", self._peer)
         _wait(self._work, self._what, timeout_s, self._peer)
 
     def source(self) -> int:
@@ -85,7 +94,7 @@ class GlooRequest(Request):
         return self._work._source_rank()
 
 
-def _posted(post, buffers: list, *args, what, peer: Optional[int] = None) -> GlooRequest:
+def _posted(post, buffers: list, *args, what, peer: Optional[int] = None, transport=None) -> GlooRequest:
     """``post(buffers, *args)`` (a ``ProcessGroupGloo`` send/recv) as a request.  gloo raises while posting
     on a pair that failed since the last call (a peer that died): the peer's failure, as in :func:`_wait`."""
     try:
@@ -93,7 +102,7 @@ def _posted(post, buffers: list, *args, what, peer: Optional[int] = None) -> Glo
     except RuntimeError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise PeerFailure(f"{what[0].format(*what[1:])}: {first_line}", peer) from None
-    return GlooRequest(work, what, buffers[0], peer)
+    return GlooRequest(work, what, buffers[0], peer, transport)
 
 
 def _wait(work, what, timeout_s: Optional[float], peer: Optional[int] = None) -> None:
@@ -158,7 +167,8 @@ class GlooBackend(Backend):
     # -- point to point ---------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _bytes(tensor)
-        return _posted(self.pg.send, [buf], peer, tag, what=("send to rank {} (tag {})", peer, tag), peer=peer)
+        return _posted(self.pg.send, [buf], peer, tag, what=("send to rank {} (tag {})", peer, tag), peer=peer,
+                       transport=self)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _bytes(tensor)
@@ -168,7 +178,8 @@ class GlooBackend(Backend):
     # same): torch's profiler then records gloo's own "gloo:send"/"gloo:recv" event with the user's shape.
     def user_isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _as_sent(tensor)
-        return _posted(self.pg.send, [buf], peer, tag, what=("send to rank {} (tag {})", peer, tag), peer=peer)
+        return _posted(self.pg.send, [buf], peer, tag, what=("send to rank {} (tag {})", peer, tag), peer=peer,
+                       transport=self)
 
     def user_irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _as_sent(tensor)
