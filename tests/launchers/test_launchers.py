@@ -186,3 +186,35 @@ def test_torchrun_across_two_simulated_hosts(tmp_path):
     _check_default_group(reports, 4, "gloo")
     assert sorted({r["host"] for r in reports}) == sorted(hosts.hostname(i) for i in range(2))
     assert all(not Path("/etc/netns", hosts.host_ns(i)).exists() for i in range(2))
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("scheme", ["env", "tcp", "file"])
+def test_ranks_started_by_hand_meet_through_each_init_method(scheme, tmp_path):
+    """No launcher: env:// (rank 0 serves the store on MASTER_PORT), tcp://host:port and file://, as in torch."""
+    n, port = 3, _free_port()
+    init_method = {"env": "env://", "tcp": f"tcp://127.0.0.1:{port}", "file": f"file://{tmp_path}/store"}[scheme]
+    procs = []
+    for rank in range(n):
+        env = dict(_env(), RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "rendezvous.py"), init_method, str(rank), str(n)],
+                                      cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, start_new_session=True))
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=LAUNCH_TIMEOUT_S)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)[-4000:]
+    reports = _reports(subprocess.CompletedProcess([], 0, ""), tmp_path, n)
+    assert all(r == {"rank": r["rank"], "size": n, "sum": 6.0, "torch_rank": r["rank"]} for r in reports), reports
