@@ -39,6 +39,7 @@ COMMANDS = {
     "shm": "shm_bench",
     "cluster": "cluster",
     "gpu": "gpu",
+    "step-calls": "step_calls",
 }
 DEFAULT_COMMAND = next(iter(COMMANDS))
 
