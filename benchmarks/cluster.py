@@ -57,6 +57,7 @@ Needs root and the ip, tc and unshare tools.
 
 Examples:
   zerocomm-bench cluster --hosts 2 --ranks-per-host 2 --rate 1gbit --sizes 1MiB,16MiB
+  zerocomm-bench cluster --zero 8         # ZeRO-3 beside ZeRO-3 + ZeRO++ (qwZ, hpZ, qgZ)
   zerocomm-bench cluster --cleanup        # remove what a dead earlier run left
 """
 
@@ -354,6 +355,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the setup, load and rows as JSON")
     parser.add_argument("--plot", metavar="PNG", help="bar chart of the times (needs matplotlib)")
     parser.add_argument("--cleanup", action="store_true", help="only remove what dead earlier runs left, and exit")
+    parser.add_argument("--zero", type=positive_int, metavar="STEPS",
+                        help="instead of all_reduce: train the ~10 M-parameter LM for STEPS steps with ZeRO-3 and with "
+                             "ZeRO-3 + ZeRO++ (qwZ, hpZ, qgZ) and print step time, bytes over the links and losses")
+    parser.add_argument("--zero-batch", type=positive_int, default=4, metavar="B",
+                        help="--zero: sequences per rank per step (default: 4)")
+    parser.add_argument("--zero-bits", type=int, choices=(4, 8), default=4,
+                        help="--zero: bits of qgZ's gradient codes (default: 4)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -368,6 +376,17 @@ def run(args: argparse.Namespace) -> int:
     for name in remove_stale():
         print(f"# removed {name}, left by an earlier run")
     if args.cleanup:
+        return 0
+    if args.zero:
+        from . import zeropp_bench
+        result = zeropp_bench.measure(args.hosts, args.ranks_per_host, rate, steps=args.zero, batch=args.zero_batch,
+                                      bits=args.zero_bits, lr=1e-3, timeout_s=args.timeout)
+        if result is None:
+            return 1
+        print(zeropp_bench.format_table(result))
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(result, handle, indent=1)
         return 0
     result = measure(args.hosts, args.ranks_per_host, rate, args.sizes, args.algorithms, warmup=args.warmup,
                      iters=args.iters, timeout_s=args.timeout, onebit_inner=args.onebit_inner)

@@ -1,0 +1,177 @@
+"""``zerocomm-bench cluster --zero``: ZeRO-3 with and without ZeRO++ across the simulated cluster.
+
+The cluster is cluster.py's (hosts as network namespaces, each host's link shaped with ``tbf``).  In it,
+every rank trains the ~10 M-parameter TinyLM (``TinyLM.benchmark_size()``, fp32 masters, Adam) with plain
+ZeRO-3 and then with ZeRO-3 + qwZ + hpZ (partitions of ``--ranks-per-host``) + qgZ (int4), from the same
+initial weights on the same batches.  The batches come from a fixed random bigram table (each next token
+follows the table with probability 0.9), so the loss falls and the two runs' losses say something.
+
+Reported per variant:
+
+``step ms``: the median over the steps after the first of the slowest rank's wall time per step
+(forward + backward + step, back to back as in training);
+``link MiB/step``: bytes that left every host through its link (``eth0`` in ``/proc/net/dev``, summed over
+hosts: each byte crossing the link leaves exactly one host), over the timed steps, per step;
+``loss@8`` / ``loss@N``: the loss averaged over ranks at step 8 and at the last step.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+VARIANTS = ("ZeRO-3", "ZeRO-3 + ZeRO++")
+
+
+def _link_tx_bytes(interface: str = "eth0") -> int:
+    """Bytes this network namespace sent through ``interface`` (0 when there is none)."""
+    with open("/proc/self/net/dev") as handle:
+        for line in handle:
+            name, _, rest = line.partition(":")
+            if name.strip() == interface:
+                return int(rest.split()[8])
+    return 0
+
+
+def _batches(vocab: int, seq_len: int, batch_size: int, rank: int, steps: int):
+    import torch
+
+    table = torch.randperm(vocab, generator=torch.Generator().manual_seed(1234))
+    out = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(rank * 100_003 + step)
+        tokens = torch.empty(batch_size, seq_len + 1, dtype=torch.int64)
+        tokens[:, 0] = torch.randint(0, vocab, (batch_size,), generator=g)
+        noise = torch.randint(0, vocab, (batch_size, seq_len), generator=g)
+        keep = torch.rand(batch_size, seq_len, generator=g) < 0.9
+        for t in range(seq_len):
+            tokens[:, t + 1] = torch.where(keep[:, t], table[tokens[:, t]], noise[:, t])
+        out.append((tokens[:, :-1], tokens[:, 1:]))
+    return out
+
+
+def rank_main() -> int:
+    """One rank (started by cluster.py's agent with ``JOB_ENV`` set)."""
+    import torch
+
+    import zerocomm.comm as dist
+    from zerocomm.benchmarks.cluster import JOB_ENV
+    from zerocomm.benchmarks.models import TinyLM, loss_fn
+    from zerocomm.zero import ZeroConfig, initialize
+
+    torch.set_num_threads(1)
+    job = json.loads(os.environ[JOB_ENV])
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=job["timeout_s"]))
+    rank, n = dist.get_rank(), dist.get_world_size()
+    per_host = job["ranks_per_host"]
+    shape = TinyLM.benchmark_size()
+    steps = job["zero_steps"]
+    batches = _batches(shape.vocab, shape.seq_len, job["batch"], rank, steps)
+    zeropp = {"zero_quantized_weights": True, "zero_hpz_partition_size": per_host,
+              "zero_quantized_gradients": True, "quantized_gradient_bits": job["bits"]}
+    rows = []
+    try:
+        for variant in VARIANTS:
+            torch.manual_seed(0)
+            model = TinyLM(shape)
+            config = ZeroConfig(stage=3, **(zeropp if variant != VARIANTS[0] else {}))
+            model, optimizer = initialize(model, lambda params: torch.optim.Adam(params, lr=job["lr"]), config)
+            times, losses = [], []
+            tx_before = None
+            dist.barrier(algorithm="native")
+            for step, (x, y) in enumerate(batches):
+                if step == 1:
+                    dist.barrier(algorithm="native")
+                    tx_before = _link_tx_bytes()
+                start = time.perf_counter()
+                loss = loss_fn(model, model(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if step == steps - 1:
+                    optimizer.synchronize()
+                times.append(time.perf_counter() - start)
+                losses.append(loss.item())
+            dist.barrier(algorithm="native")
+            tx = _link_tx_bytes() - tx_before
+            slowest = torch.tensor(times, dtype=torch.float64)
+            dist.all_reduce(slowest, dist.ReduceOp.MAX, algorithm="native")
+            mean_loss = torch.tensor(losses, dtype=torch.float64)
+            dist.all_reduce(mean_loss, dist.ReduceOp.AVG, algorithm="native")
+            every_tx = [None] * n
+            dist.all_gather_object(every_tx, tx)
+            link = sum(every_tx[r] for r in range(0, n, per_host))  # one reading per host
+            rows.append({"variant": variant, "step_s": statistics.median(slowest.tolist()[1:]),
+                         "link_bytes_per_step": link / (steps - 1), "losses": mean_loss.tolist(),
+                         "state_bytes": optimizer.model_state_bytes()})
+            optimizer.remove_hooks()
+            del model, optimizer
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        with open(job["out"], "w") as handle:
+            json.dump({"rows": rows}, handle)
+    return 0
+
+
+def measure(hosts: int, ranks_per_host: int, rate_bits: int, *, steps: int, batch: int, bits: int, lr: float,
+            timeout_s: float) -> dict | None:
+    """Build the cluster, run both variants in its ranks, tear it down; the rows (None if a rank failed)."""
+    import signal
+    import tempfile
+
+    from . import cluster as c
+
+    net = c.Cluster(hosts, rate_bits)
+    previous = {sig: signal.signal(sig, c._on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with tempfile.TemporaryDirectory(prefix="zerocomm-zeropp-") as folder:
+            out = os.path.join(folder, "rows.json")
+            net.build()
+            load_before = os.getloadavg()
+            job = {"zero_steps": steps, "batch": batch, "bits": bits, "lr": lr, "out": out, "timeout_s": timeout_s,
+                   "rank_command": [sys.executable, "-m", __name__, "--rank"]}
+            status = c.launch(net, ranks_per_host, job, timeout_s)
+            if status != 0 or not os.path.exists(out):
+                return None
+            with open(out) as handle:
+                measured = json.load(handle)
+    finally:
+        net.teardown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return {"hosts": hosts, "ranks_per_host": ranks_per_host, "rate_bits": rate_bits, "steps": steps,
+            "batch": batch, "bits": bits, "lr": lr, "load_before": load_before, "load_after": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": measured["rows"]}
+
+
+def format_table(result: dict) -> str:
+    steps = result["steps"]
+    lines = [f"# ZeRO-3 across {result['hosts']} hosts x {result['ranks_per_host']} ranks, gloo, each link "
+             f"{result['rate_bits'] / 1e9:g} Gbit/s each way; TinyLM ~10 M parameters, fp32, Adam lr {result['lr']}, "
+             f"batch {result['batch']} x 128 tokens per rank, {steps} steps; ZeRO++ = qwZ int8 + hpZ "
+             f"(partition {result['ranks_per_host']}) + qgZ int{result['bits']}; load "
+             f"{' '.join(f'{x:.2f}' for x in result['load_before'])} (before), "
+             f"{' '.join(f'{x:.2f}' for x in result['load_after'])} (after)",
+             f"# {'variant':>16} {'step ms':>9} {'speedup':>8} {'link MiB/step':>14} {'vs plain':>9} "
+             f"{'loss@8':>8} {f'loss@{steps}':>9}"]
+    base = result["rows"][0]
+    for row in result["rows"]:
+        at8 = row["losses"][min(8, steps) - 1]
+        lines.append(f"  {row['variant']:>16} {row['step_s'] * 1e3:>9.0f} {base['step_s'] / row['step_s']:>7.2f}x "
+                     f"{row['link_bytes_per_step'] / 2**20:>14.1f} "
+                     f"{base['link_bytes_per_step'] / max(row['link_bytes_per_step'], 1):>8.2f}x "
+                     f"{at8:>8.4f} {row['losses'][-1]:>9.4f}")
+    plain, pp = result["rows"][0]["losses"], result["rows"][-1]["losses"]
+    lines.append(f"# loss difference (ZeRO++ vs plain, relative): step 8 {abs(pp[min(8, steps) - 1] / plain[min(8, steps) - 1] - 1):.2%}, "
+                 f"step {steps} {abs(pp[-1] / plain[-1] - 1):.2%}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--rank"]:
+        sys.exit(rank_main())
+    sys.exit("run through zerocomm-bench cluster --zero")
