@@ -35,6 +35,7 @@ COMMANDS = {
     "overhead": "overhead",
     "soak": "soak",
     "kills": "kill_sweep",
+    "call-counts": "call_counts",
     "check-cost": "check_cost",
     "shm": "shm_bench",
     "cluster": "cluster",
