@@ -12,9 +12,9 @@ gloo's and NCCL's) is issued to the backend directly under the same condition, a
 ``IssuedWork`` waits on the backend's own request: the backend keeps the order of what it was
 given.  Anything else -- a schedule written in Python, or any call while something is queued or
 running -- goes to the group's executor thread, through a bounded queue (a caller that gets too
-far ahead waits, within its deadline), so that no call overtakes one issued before it.  Point-to-point calls by the user do not go through
-here: they carry the user's tag, below ``USER_TAG_LIMIT``, and never match a
-collective's messages.
+far ahead waits, within its deadline), so that no call overtakes one issued before it.
+Point-to-point calls by the user do not go through here: they carry the user's tag, below
+``USER_TAG_LIMIT``, and never match a collective's messages.
 """
 from __future__ import annotations
 

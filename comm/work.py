@@ -190,6 +190,11 @@ class IssuedWork(Work):
             while not self._done:
                 time.sleep(0)
             return
+        if failure is None and self._after is None and not self._call.copy_out:
+            self._done = True  # the common case, without a further call (done first: see _watch)
+            if self._future is not None:
+                self._resolve(self._future)
+            return
         self._error = failure
         self._finish()
 

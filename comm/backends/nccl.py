@@ -79,6 +79,13 @@ class NcclBackend(Backend):
         self._agreement = torch.zeros(2, dtype=torch.int64, device=device)  # the mismatch check's buffer
         self._ops = {"sum": td.ReduceOp.SUM, "avg": td.ReduceOp.AVG, "product": td.ReduceOp.PRODUCT,
                      "min": td.ReduceOp.MIN, "max": td.ReduceOp.MAX}
+        # Options made once per op for the issued calls (torch copies what it needs from them at each call).
+        self._all_reduce_options, self._reduce_scatter_options = {}, {}
+        for name, op in self._ops.items():
+            self._all_reduce_options[name] = td.AllreduceOptions()
+            self._all_reduce_options[name].reduceOp = op
+            self._reduce_scatter_options[name] = td.ReduceScatterOptions()
+            self._reduce_scatter_options[name].reduceOp = op
 
     @classmethod
     def create(cls, init_method, timeout, world_size, rank, store) -> "NcclBackend":
@@ -218,9 +225,9 @@ class NcclBackend(Backend):
     def issue_all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> tuple:
         if tensor.numel() == 0:
             return None, None
-        opts = td.AllreduceOptions()
-        opts.reduceOp = self._ops[op]
-        return NcclRequest(self.pg.allreduce([self._movable(tensor)], opts), "nccl allreduce"), None
+        if tensor.dtype is torch.bool:
+            tensor = tensor.view(torch.uint8)
+        return NcclRequest(self.pg.allreduce([tensor], self._all_reduce_options[op]), "nccl allreduce"), None
 
     def issue_broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> tuple:
         if tensor.numel() == 0:
@@ -232,15 +239,16 @@ class NcclBackend(Backend):
     def issue_all_gather(self, output, input, *, tag, deadline, segment_bytes) -> tuple:
         if input.numel() == 0:
             return None, None
-        work = self.pg._allgather_base(self._movable(output), self._movable(input))
-        return NcclRequest(work, "nccl allgather"), None
+        if input.dtype is torch.bool:
+            output, input = output.view(torch.uint8), input.view(torch.uint8)
+        return NcclRequest(self.pg._allgather_base(output, input), "nccl allgather"), None
 
     def issue_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> tuple:
         if output.numel() == 0:
             return None, None
-        opts = td.ReduceScatterOptions()
-        opts.reduceOp = self._ops[op]
-        work = self.pg._reduce_scatter_base(self._movable(output), self._movable(input), opts)
+        if input.dtype is torch.bool:
+            output, input = output.view(torch.uint8), input.view(torch.uint8)
+        work = self.pg._reduce_scatter_base(output, input, self._reduce_scatter_options[op])
         return NcclRequest(work, "nccl reduce_scatter"), None
 
     def issue_all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> tuple:

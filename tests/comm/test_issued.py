@@ -12,9 +12,13 @@ import torch
 from support.worlds import worlds
 
 
-def _group():
-    from zerocomm.comm.group import WORLD
-    return WORLD.default
+def _fresh_group():
+    """A new group over every rank (the pool's default group may have run calls through its executor before),
+    and its ``Group``."""
+    import zerocomm.comm as zdist
+    from zerocomm.comm.validate import resolve_group
+    handle = zdist.new_group(list(range(zdist.get_world_size())))
+    return handle, resolve_group(handle, "test")
 
 
 def issued_without_the_executor():
@@ -23,6 +27,7 @@ def issued_without_the_executor():
     import zerocomm.comm as zdist
     from zerocomm.comm.work import IssuedWork
     n, r = zdist.get_world_size(), zdist.get_rank()
+    handle, group = _fresh_group()
     k = 4
     mine = torch.arange(k, dtype=torch.float32) + r + 1
     total = sum(torch.arange(k, dtype=torch.float32) + q + 1 for q in range(n))
@@ -32,15 +37,16 @@ def issued_without_the_executor():
     bcast = mine.clone()
     a2a_out = torch.zeros(n * k)
     a2a_in = torch.arange(n * k, dtype=torch.float32) + 100 * r
+    issued = {"async_op": True, "algorithm": "native", "group": handle}
     kinds = {
-        "all_reduce SUM": zdist.all_reduce(summed, async_op=True, algorithm="native"),
-        "all_reduce AVG": zdist.all_reduce(averaged, zdist.ReduceOp.AVG, async_op=True, algorithm="native"),
-        "all_gather_into_tensor": zdist.all_gather_into_tensor(gathered, mine, async_op=True, algorithm="native"),
-        "reduce_scatter_tensor": zdist.reduce_scatter_tensor(
-            scattered, torch.cat([mine * (j + 1) for j in range(n)]), async_op=True, algorithm="native"),
-        "broadcast": zdist.broadcast(bcast, src=n - 1, async_op=True, algorithm="native"),
-        "all_to_all_single": zdist.all_to_all_single(a2a_out, a2a_in, async_op=True, algorithm="native"),
-        "barrier": zdist.barrier(async_op=True, algorithm="native"),
+        "all_reduce SUM": zdist.all_reduce(summed, **issued),
+        "all_reduce AVG": zdist.all_reduce(averaged, zdist.ReduceOp.AVG, **issued),
+        "all_gather_into_tensor": zdist.all_gather_into_tensor(gathered, mine, **issued),
+        "reduce_scatter_tensor": zdist.reduce_scatter_tensor(scattered, torch.cat([mine * (j + 1) for j in range(n)]),
+                                                             **issued),
+        "broadcast": zdist.broadcast(bcast, src=n - 1, **issued),
+        "all_to_all_single": zdist.all_to_all_single(a2a_out, a2a_in, **issued),
+        "barrier": zdist.barrier(**issued),
     }
     kinds_issued = {name: type(work) is IssuedWork for name, work in kinds.items()}
     for work in reversed(list(kinds.values())):
@@ -57,7 +63,9 @@ def issued_without_the_executor():
         "all_to_all_single": torch.equal(a2a_out, expected_a2a),
         "barrier": True,
     }
-    return kinds_issued, results, completed, _group()._worker is None
+    no_thread = group._worker is None
+    zdist.destroy_process_group(handle)
+    return kinds_issued, results, completed, no_thread
 
 
 @pytest.mark.parametrize("world", worlds(("gloo",), (1, 2, 3)), indirect=True)
