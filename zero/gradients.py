@@ -91,7 +91,8 @@ class GradientBucket:
         self._on_reduced = on_reduced
         self.buffer: Optional[torch.Tensor] = None
         self._views: Optional[list] = None
-        self._pending: set = set()
+        self._arrived = bytearray(len(layout.slots))  # per position: 1 once its gradient arrived this round
+        self._left = 0  # gradients still expected this round
         self.work = None
         self.state = BucketState.IDLE
         self.launched_s: Optional[float] = None
@@ -111,14 +112,17 @@ class GradientBucket:
                 f"{self._where()} is still {self.state.value} from the previous boundary backward: backward() ran "
                 f"again before optimizer.step() consumed the reduced gradients; call step() after every "
                 f"gradient_accumulation_steps backward passes")
-        self._pending = set(range(len(self.layout.slots)))
+        self._arrived = bytearray(len(self.layout.slots))
+        self._left = len(self._arrived)
         self.work = None
         self.state = BucketState.EXPECTING
 
     @property
     def pending(self) -> set:
         """Positions (in ``layout.slots``) whose gradients have not arrived this round."""
-        return set(self._pending)
+        if self.state is not BucketState.EXPECTING:
+            return set()
+        return {position for position, arrived in enumerate(self._arrived) if not arrived}
 
     def _slot_views(self) -> list:
         if self.buffer is None:
@@ -134,29 +138,34 @@ class GradientBucket:
         return self._views
 
     def add(self, position: int, grad: Optional[torch.Tensor]) -> bool:
-        """Copy ``grad`` (zeros if ``None``) into slot ``position``; True when the bucket is complete."""
-        if self.state is not BucketState.EXPECTING or position not in self._pending:
+        """Copy ``grad`` (zeros if ``None``) into slot ``position``; True when the bucket is complete.
+
+        Called once per parameter per boundary backward, so it stays a few bytecodes and one copy: no
+        Python call besides the copy once the buffer is taken (the gradient is detached instead of
+        entering ``torch.no_grad``, which costs eight calls)."""
+        if self.state is not BucketState.EXPECTING or self._arrived[position]:
             slot = self.layout.slots[position]
             if self.state is not BucketState.EXPECTING:
                 raise ZeroStateError(f"{self._where()}: gradient of {slot.name!r} arrived while the bucket is "
                                      f"{self.state.value} (expected {BucketState.EXPECTING.value})")
             raise ZeroStateError(f"{self._where()}: gradient of {slot.name!r} arrived twice in one backward")
-        view = self._slot_views()[position]
-        with torch.no_grad():
-            if grad is None:
-                view.zero_()
-            else:
-                if grad.shape != view.shape:
-                    raise ZeroStateError(f"{self._where()}: gradient of {self.layout.slots[position].name!r} has "
-                                         f"shape {tuple(grad.shape)}, expected {tuple(view.shape)}")
-                view.copy_(grad)
-        self._pending.discard(position)
-        return not self._pending
+        views = self._views if self._views is not None else self._slot_views()
+        view = views[position]
+        if grad is None:
+            view.zero_()
+        else:
+            if grad.shape != view.shape:
+                raise ZeroStateError(f"{self._where()}: gradient of {self.layout.slots[position].name!r} has "
+                                     f"shape {tuple(grad.shape)}, expected {tuple(view.shape)}")
+            view.copy_(grad.detach() if grad.requires_grad else grad)
+        self._arrived[position] = 1
+        self._left -= 1
+        return not self._left
 
     def launch(self) -> None:
         """Start the reduction (asynchronously); every slot must have arrived."""
-        if self.state is not BucketState.EXPECTING or self._pending:
-            missing = [self.layout.slots[p].name for p in sorted(self._pending)]
+        if self.state is not BucketState.EXPECTING or self._left:
+            missing = [self.layout.slots[p].name for p in sorted(self.pending)]
             raise ZeroStateError(f"{self._where()}: launch while {self.state.value} with gradients of {missing} "
                                  f"missing")
         self._slot_views()
@@ -188,7 +197,7 @@ class GradientBucket:
         if self.state is BucketState.IN_FLIGHT:
             raise ZeroStateError(f"{self._where()}: reset while its reduction is in flight")
         self.state = BucketState.IDLE
-        self._pending = set()
+        self._left = 0
 
 
 class _ThenWork:
@@ -228,6 +237,8 @@ class FullGradients:
         self._chunk = [layout.chunk_bounds(rank) for layout in layouts]
         self._owned = [(layout.offset + owned(layout)[0], layout.offset + owned(layout)[1]) for layout in layouts]
         self._numel = sum(layout.padded_numel for layout in layouts)
+        #: A group of one rank: the average over ranks is the buffer itself, so no collective is launched.
+        self.alone = bool(layouts) and layouts[0].world_size == 1
 
     def acquire(self, layout: BucketLayout) -> torch.Tensor:
         if self.buffer is None:
@@ -235,6 +246,8 @@ class FullGradients:
         return self.buffer[layout.offset:layout.offset + layout.padded_numel]
 
     def reduce(self, layout: BucketLayout, buffer: torch.Tensor):
+        if self.alone:
+            return None
         if self.reduction is Reduction.ALL_REDUCE:
             return dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=self.group, async_op=True,
                                    algorithm=self.algorithm)
@@ -292,10 +305,18 @@ class ShardedGradients:
         self._buffer_numel = max((layout.padded_numel for layout in layouts), default=0)
         self._chunk = [layout.chunk_bounds(rank) for layout in layouts]
         self._shard_range = [(layout.shard_offset, layout.shard_offset + layout.chunk_numel) for layout in layouts]
+        #: A group of one rank: its chunk of a bucket is the whole bucket and the average over ranks the gradients
+        #: themselves, so each bucket's gradients are copied straight into the shard (the bucket's buffer is its
+        #: range of the shard, kept) and no collective is launched.
+        self.alone = bool(layouts) and layouts[0].world_size == 1 and self.shard is not None
+        if self.alone:
+            self.persistent = True
         self.reduce_scatter = dist.reduce_scatter_tensor
         """The bucket's reduce-scatter (``zeropp.QuantizedReduceScatter`` under ``zero_quantized_gradients``)."""
 
     def acquire(self, layout: BucketLayout) -> torch.Tensor:
+        if self.alone:
+            return self.reduced(layout)
         while self._inflight and self._inflight[0].is_completed():
             self._inflight.popleft().wait()
         while self.max_inflight and len(self._inflight) >= self.max_inflight:
@@ -312,6 +333,8 @@ class ShardedGradients:
         self._spares.append(torch.empty(0, dtype=self.dtype, device=self.device).set_(buffer.untyped_storage()))
 
     def reduce(self, layout: BucketLayout, buffer: torch.Tensor):
+        if self.alone:
+            return None
         self._inflight.append(self.buckets[layout.index])
         if self.shard is None:
             out = self._handed[layout.index] = torch.empty(layout.chunk_numel, dtype=self.dtype, device=self.device)
@@ -345,7 +368,8 @@ class ShardedGradients:
     def nbytes(self, buckets) -> int:
         """Bytes of gradients: the shard, chunks not yet handed over, and the buffers holding a bucket now."""
         return (tensor_bytes(self.shard) + sum(tensor_bytes(chunk) for chunk in self._handed.values())
-                + sum(bucket.buffer.untyped_storage().nbytes() for bucket in buckets if bucket.buffer is not None))
+                + sum(bucket.buffer.untyped_storage().nbytes() for bucket in buckets
+                      if bucket.buffer is not None and not self.alone))
 
     def spare_bytes(self) -> int:
         """Bytes of bucket buffers waiting for their next bucket (communication buffers, not model state)."""

@@ -84,7 +84,8 @@ class BackwardTimeline:
     first_grad_s: Optional[float] = None
     """When the first gradient hook of the backward ran."""
     last_grad_s: Optional[float] = None
-    """When the last gradient hook of the backward ran (backward was still computing before it)."""
+    """When the last gradient hook that completed a bucket ran (backward was still computing before it): the
+    last hook of a backward in which every parameter got a gradient."""
     backward_end_s: Optional[float] = None
     """When the autograd engine finished the backward."""
     launches: list = dataclasses.field(default_factory=list)
@@ -242,7 +243,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.last_grad_norm: Optional[float] = None
         """Global L2 norm of the last step's gradients, when clipping or fp16 computed it."""
         self.timeline = BackwardTimeline()
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.params]
+        # One hook per parameter that knows its bucket and position: the hook's work is O(1) bytecodes and one copy.
+        self._handles = [p.register_post_accumulate_grad_hook(functools.partial(self._grad_ready,
+                                                                                *self._position[id(p)]))
+                         for p in self.params]
+        self._unmanaged = [p for p in model.parameters() if id(p) not in self._position]
+        """Parameters outside ZeRO's care (frozen ones): what ``zero_grad`` clears."""
         if self.dtype != torch.float32:
             self._handles.append(model.register_forward_pre_hook(self._cast_inputs, with_kwargs=True))
         self._handles += self.parameters.install(model)
@@ -336,20 +342,22 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     # -- backward hooks ---------------------------------------------------------------------------
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        self._grad_ready(*self._position[id(param)], param)
+
+    def _grad_ready(self, bucket_index: int, position: int, param: torch.Tensor) -> None:
+        """The post-accumulate-grad hook of the parameter at ``position`` of bucket ``bucket_index``."""
         if not self._in_backward:
             self._begin_backward()
         if not self._boundary:
             return  # a micro-step inside an accumulation cycle: autograd accumulates into param.grad
-        now = time.perf_counter()
-        if self.timeline.first_grad_s is None:
-            self.timeline.first_grad_s = now
-        self.timeline.last_grad_s = now
-        bucket_index, position = self._position[id(param)]
         bucket = self.buckets[bucket_index]
         complete = bucket.add(position, param.grad)
         param.grad = None  # the bucket holds it now
-        if complete and self.config.overlap_comm:
-            self._launch(bucket)
+        if complete:
+            # The last gradient of a backward completes its bucket: the time is taken once per bucket.
+            self.timeline.last_grad_s = time.perf_counter()
+            if self.config.overlap_comm:
+                self._launch(bucket)
 
     def _begin_backward(self) -> None:
         boundary = self._backwards + 1 >= self.config.gradient_accumulation_steps
@@ -359,7 +367,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     f"rank {self.rank}: backward() ran again after the gradient-accumulation boundary and before "
                     f"optimizer.step(); call step() after every {self.config.gradient_accumulation_steps} "
                     f"backward pass(es)")
-            self.timeline = BackwardTimeline()
+            self.timeline = BackwardTimeline(first_grad_s=time.perf_counter())
             for bucket in self.buckets:
                 bucket.begin()
         self._in_backward, self._boundary = True, boundary
@@ -471,8 +479,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         (their gradients live in buckets and shards), and inside an accumulation cycle."""
         if self._backwards:
             return
-        for param in self.model.parameters():
-            if id(param) not in self._position and param.grad is not None:
+        for param in self._unmanaged:
+            if param.grad is not None:
                 if set_to_none:
                     param.grad = None
                 else:

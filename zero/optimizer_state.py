@@ -43,8 +43,7 @@ class MastersInMemory:
     optimizer: torch.optim.Optimizer
 
     def scale_gradients(self, coefficient: float) -> None:
-        for master in self.masters:
-            master.grad.mul_(coefficient)
+        torch._foreach_mul_([master.grad for master in self.masters], coefficient)
 
     def step(self) -> None:
         self.optimizer.step()
@@ -53,15 +52,13 @@ class MastersInMemory:
                       non_blocking: bool = False) -> int:
         """Copy masters -> parameter shards (``into_params``, rounded to their dtype) or back; returns the bytes
         written into the parameters."""
-        moved = 0
+        shards, masters = list(param_shards), [master.detach() for master in self.masters]
         with torch.no_grad():
-            for shard, master in zip(param_shards, self.masters):
-                if into_params:
-                    shard.copy_(master.detach(), non_blocking=non_blocking)
-                    moved += tensor_bytes(shard)
-                else:
-                    master.copy_(shard)
-        return moved
+            if into_params:
+                torch._foreach_copy_(shards, masters, non_blocking=non_blocking)  # multi-tensor kernels, casting
+                return sum(tensor_bytes(shard) for shard in shards)
+            torch._foreach_copy_(masters, shards)
+        return 0
 
 
 class DeviceOptimizerState(MastersInMemory):
@@ -89,15 +86,12 @@ class DeviceOptimizerState(MastersInMemory):
     def set_gradients(self, grads: Sequence[torch.Tensor], factor: float) -> list:
         """Give every master its gradient (``grads`` per bucket, in the parameters' dtype) times ``factor``;
         returns the masters' gradients.  A float32 gradient is used in place (it is the reduced shard)."""
-        out = []
-        for master, grad in zip(self.masters, grads):
-            if grad.dtype == master.dtype:
-                if factor != 1.0:
-                    grad.mul_(factor)
-            else:
-                grad = grad.to(master.dtype).mul_(factor)
+        out = [grad if grad.dtype == master.dtype else grad.to(master.dtype)
+               for master, grad in zip(self.masters, grads)]
+        if factor != 1.0 and out:
+            torch._foreach_mul_(out, factor)  # one multi-tensor kernel for every bucket
+        for master, grad in zip(self.masters, out):
             master.grad = grad
-            out.append(grad)
         return out
 
     def write_back(self, param_shards: Sequence[torch.Tensor]) -> None:

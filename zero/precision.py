@@ -37,9 +37,11 @@ def sum_of_squares(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     device (CUDA gradients give a CUDA total that NCCL can reduce; no tensors give a CPU zero)."""
     tensors = list(tensors)
     total = torch.zeros(1, dtype=torch.float64, device=tensors[0].device if tensors else "cpu")
-    for tensor in tensors:
-        if tensor.numel():
-            total += torch.sum(tensor.detach().to(torch.float64).square())
+    present = [tensor.detach() for tensor in tensors if tensor.numel()]
+    if present:
+        # One multi-tensor kernel: each tensor's norm accumulated in float64, squared back (to ~1e-16 relative).
+        norms = torch._foreach_norm(present, 2, dtype=torch.float64)
+        total += torch.stack([norm.to(total.device) for norm in norms]).square().sum()
     return total
 
 

@@ -48,6 +48,8 @@ class ReplicatedParameters:
         self.layouts = list(layouts)
         self.rank, self.group, self.algorithm = rank, group, config.algorithm
         self.sharded_updates = sharded_updates
+        #: Whether chunks are gathered after the step: not in a group of one rank, whose chunk is the bucket.
+        self.gathers = sharded_updates and bool(layouts) and layouts[0].world_size > 1
         self.overlap = config.overlap_comm
         self.flat = full32 if dtype == torch.float32 else full32.to(dtype)
         bind_params(params, self.layouts, self.flat)
@@ -98,7 +100,7 @@ class ReplicatedParameters:
     # -- hooks ------------------------------------------------------------------------------------
     def install(self, model: nn.Module) -> list:
         """Forward pre-hooks that wait for the post-step gather: per module, or once at the root."""
-        if not self.sharded_updates:
+        if not self.gathers:
             return []
         if not self.wait_per_module:
             return [model.register_forward_pre_hook(lambda module, args: self.wait_all())]
@@ -129,7 +131,7 @@ class ReplicatedParameters:
     # -- the post-step gather ------------------------------------------------------------------------
     def after_step(self) -> None:
         """Start every group's all_gather (async); every rank of the group calls it."""
-        if not self.sharded_updates:
+        if not self.gathers:
             return
         self.wait_all()
         for g, layouts in enumerate(self.groups):
