@@ -99,3 +99,19 @@ def test_checkpoints_move_between_zeropp_and_plain_zero3(world, tmp_path):
                                          timeout=300)):
         for label, seen in out.items():
             assert seen == {"masters_equal": True, "state_equal": True, "finite": True}, f"rank {rank}, {label}"
+
+
+def test_deepspeed_keys_and_python_fields_turn_the_parts_on():
+    from zerocomm.zero import ZeroConfig, ZeroConfigError
+
+    config = ZeroConfig.from_deepspeed({"zero_optimization": {
+        "stage": 3, "zero_quantized_weights": True, "zero_hpz_partition_size": 2, "zero_quantized_gradients": True}})
+    assert (config.zero_quantized_weights, config.zero_hpz_partition_size, config.zero_quantized_gradients) == \
+        (True, 2, True)
+    for fields, words in (({"quantized_gradient_bits": 3}, ["quantized_gradient_bits", "3"]),
+                          ({"quantization_block": 15}, ["quantization_block", "even", "15"]),
+                          ({"zero_hpz_partition_size": 0}, ["zero_hpz_partition_size", "0"]),
+                          ({"zero_quantized_weights": 1}, ["zero_quantized_weights", "bool"])):
+        with pytest.raises(ZeroConfigError) as info:
+            ZeroConfig(stage=3, **fields)
+        assert all(word in str(info.value) for word in words), str(info.value)
