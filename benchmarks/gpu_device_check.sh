@@ -47,7 +47,8 @@ echo "zerocomm-bench gpu exit status $? after $(( $(date +%s) - started )) s"
 
 echo "== CUDA tests (at most ${TESTS_S} s)"
 timeout -s INT "$TESTS_S" "$PY" -m pytest -p no:cacheprovider -q -rfEs --timeout 300 \
-  tests/ops/test_onebit_kernels.py tests/ops/test_onebit.py tests/ops/test_reduce.py tests/comm/test_nccl.py \
+  tests/ops/test_onebit_kernels.py tests/ops/test_onebit.py tests/ops/test_reduce.py tests/ops/test_quantize.py \
+  tests/comm/test_nccl.py \
   tests/comm/test_cuda_staging.py tests/zero/test_zero_api_cuda.py tests/zero/test_zero_cuda.py \
   -k "cuda or nccl or cupy or gpu" --junitxml="$OUT/cuda-tests.xml" > "$OUT/cuda-tests.log" 2>&1
 echo "pytest exit status $? after $(( $(date +%s) - started )) s"

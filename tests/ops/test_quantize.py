@@ -127,3 +127,16 @@ def test_bad_arguments_are_named(kwargs, words):
         assert word in str(info.value)
     with pytest.raises(ValueError, match="1-D floating"):
         quantize_blocks(torch.zeros(2, 2), bits=8, block=4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("bits", [8, 4])
+def test_cuda_codes_equal_the_cpu_codes(bits):
+    """The kernels are torch code: on a GPU they must give the CPU's codes and values bit for bit (IEEE float32
+    division, round half to even on both)."""
+    x = _input(10_000, seed=7)
+    codes, scales = quantize_blocks(x, bits=bits, block=256)
+    gpu_codes, gpu_scales = quantize_blocks(x.cuda(), bits=bits, block=256)
+    assert torch.equal(gpu_codes.cpu(), codes) and torch.equal(gpu_scales.cpu(), scales)
+    decoded = dequantize_blocks(gpu_codes, gpu_scales, bits=bits, block=256, numel=10_000)
+    assert torch.equal(decoded.cpu(), dequantize_blocks(codes, scales, bits=bits, block=256, numel=10_000))
