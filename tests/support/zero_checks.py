@@ -197,6 +197,24 @@ def padded_size(optimizer) -> int:
     return sum(layout.padded_numel for layout in optimizer.layouts)
 
 
+def collectives_of_one_step(stages) -> dict:
+    """For each stage: {op: calls} of the collectives one training step of the LM issues after a first step
+    (``count_bytes``' records, which see every call issued while counting)."""
+    import zerocomm.comm as zdist
+    out = {}
+    for stage in stages:
+        model, optimizer = initialize(build_model("lm", 0), adam, ZeroConfig(stage=stage, algorithm="native"))
+        x, y = batch_for(model, seed=0, rank=dist.get_rank(), step=0)
+        for counted in (False, True):
+            with zdist.count_bytes() if counted else contextlib.nullcontext() as counter:
+                loss_fn(model, model(x), y).backward()
+                optimizer.step()
+                optimizer.synchronize()
+        optimizer.remove_hooks()
+        out[stage] = {op: entry.calls for op, entry in counter.per_op.items() if entry.calls}
+    return out
+
+
 def state_bytes_cases(cases: list, steps: int = 2) -> list:
     """For each ``(stage, precision)``: (stage, precision, Φ, Φ padded, buckets, model_state_bytes, bucket
     buffers kept between steps as (bytes, bytes of the largest bucket, max_inflight_buckets)) after ``steps``
