@@ -267,6 +267,8 @@ class QuantizedReduceScatter:
             raise ZeroConfigError(f"rank {self.rank}: quantized reduce-scatter of {bucket.numel()} elements into "
                                   f"{c} x {n} ranks")
         chunks = bucket.view(n, c)
+        if self._piece_chunks[0].device != bucket.device:  # index_select wants its index beside the tensor
+            self._piece_chunks = [index.to(bucket.device) for index in self._piece_chunks]
         bits, block, H, L = self.bits, self.block, self.n_hosts, self.n_local
         state: dict = {}
 
