@@ -214,25 +214,12 @@ def _zero_optimizer_is_a_torch_optimizer() -> bool:
 def _torchrun(script, args, cwd, timeout=240):
     """``torchrun --standalone --nproc-per-node 2 script *args`` in ``cwd`` (2 CPU ranks, gloo); on the deadline
     its whole session is killed and the test fails with its output."""
-    import os
-    import signal
+    from support.launchers import clean_env, launch, tool
 
-    torchrun = pathlib.Path(sys.executable).parent / "torchrun"
-    if not torchrun.exists():
-        pytest.skip(f"torchrun is not installed next to this Python ({torchrun.parent})")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEROCOMM_", "TORCHELASTIC_", "PMI_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", str(script), *args], cwd=cwd,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{script.name} {' '.join(args)} did not finish within {timeout} s:\n{out[-4000:]}")
-    assert proc.returncode == 0, f"{script.name} {' '.join(args)} exited {proc.returncode}:\n{out[-4000:]}"
-    return out
+    done = launch([tool("torchrun"), "--standalone", "--nproc-per-node", "2", str(script), *args], cwd, timeout,
+                  clean_env(CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 0, f"{script.name} {' '.join(args)} exited {done.returncode}:\n{done.stdout[-4000:]}"
+    return done.stdout
 
 
 def _losses(out: str, prefix: str) -> list:

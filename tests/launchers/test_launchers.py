@@ -16,36 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.launchers import LAUNCH_TIMEOUT_S, clean_env as _env, launch as _launch, tool as _tool
+
 SCRIPTS = Path(__file__).parent / "scripts"
 README = Path(__file__).parents[2] / "README.md"
-BIN = Path(sys.executable).parent
-LAUNCH_TIMEOUT_S = 180
-
-
-def _tool(name: str) -> str:
-    path = BIN / name
-    if not path.exists():
-        pytest.skip(f"{name} is not installed next to this Python ({BIN}); the README's set-up installs it")
-    return str(path)
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEROCOMM_", "TORCHELASTIC_", "PMI_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return env
-
-
-def _launch(command: list, cwd: Path, timeout: float = LAUNCH_TIMEOUT_S, env=None) -> subprocess.CompletedProcess:
-    """Run a launcher in its own session; on the deadline kill all it started and fail, showing its output."""
-    proc = subprocess.Popen(command, cwd=cwd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(command)} did not finish within {timeout} s:\n{out[-4000:]}")
-    return subprocess.CompletedProcess(command, proc.returncode, out, None)
 
 
 def _reports(done: subprocess.CompletedProcess, folder: Path, ranks: int) -> list:
@@ -162,7 +136,7 @@ def test_torchrun_across_two_simulated_hosts(tmp_path):
         hosts.build()
         for i in range(2):
             command = ["ip", "netns", "exec", hosts.host_ns(i), "unshare", "--uts", "--", "sh", "-c",
-                       f'hostname "$0" && exec "$@"', hosts.hostname(i), _tool("torchrun"), "--nnodes", "2",
+                       'hostname "$0" && exec "$@"', hosts.hostname(i), _tool("torchrun"), "--nnodes", "2",
                        "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "zerocomm-test",
                        "--rdzv-endpoint", f"{hosts.hostname(0)}:29400", "--local-addr", hosts.address(i),
                        str(SCRIPTS / "default_group.py")]
