@@ -71,13 +71,16 @@ def quantize_blocks(x: torch.Tensor, *, bits: int, block: int,
     if blocks * block != numel:
         values = torch.nn.functional.pad(values, (0, blocks * block - numel))
     values = values.view(blocks, block)
-    scales = values.abs().amax(dim=1, keepdim=True) / qmax if blocks else values.new_zeros(0, 1)
+    scales = values.abs().amax(dim=1, keepdim=True).div_(qmax) if blocks else values.new_zeros(0, 1)
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = torch.round(values / safe).clamp_(-qmax, qmax).to(torch.int8).view(-1)
+    # |x| / (max|x| / qmax) rounds to at most qmax: no clamp is needed.
+    rounded = torch.round(values / safe).view(-1)
     scales = scales.view(-1)
-    if bits == 4:
-        nibbles = (codes.view(-1, 2).to(torch.int16) + 8).to(torch.uint8)
-        codes = nibbles[:, 0] | (nibbles[:, 1] << 4)
+    if bits == 8:
+        codes = rounded.to(torch.int8)
+    else:
+        nibbles = rounded.add_(8).to(torch.uint8)
+        codes = nibbles[0::2] | (nibbles[1::2] << 4)
     if out is None:
         return codes, scales
     nbytes = quantized_nbytes(numel, bits, block)
@@ -110,14 +113,16 @@ def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, *, bits: int, b
     if bits == 4:
         if codes.numel() * 2 != blocks * block:
             raise ValueError(f"dequantize: {codes.numel()} int4 code bytes for {blocks} blocks of {block}")
-        low = (codes & 0x0F).to(torch.int16) - 8
-        high = (codes >> 4).to(torch.int16) - 8
-        values = torch.stack((low, high), dim=1).view(blocks, block).to(torch.float32)
+        values = torch.empty(blocks * block, dtype=torch.float32, device=codes.device)
+        pairs = values.view(-1, 2)
+        pairs[:, 0] = codes & 0x0F
+        pairs[:, 1] = codes >> 4
+        values = values.sub_(8).view(blocks, block)
     else:
         if codes.numel() != blocks * block:
             raise ValueError(f"dequantize: {codes.numel()} int8 codes for {blocks} blocks of {block}")
         values = codes.view(torch.int8).view(blocks, block).to(torch.float32)
-    values = (values * scales.view(blocks, 1)).view(-1)[:numel]
+    values = values.mul_(scales.view(blocks, 1)).view(-1)[:numel]
     if out is None:
         return values.to(dtype)
     if out.numel() != numel:
