@@ -271,7 +271,7 @@ def all_reduce(tensor, op, group, async_op, algorithm, compression, state) -> Ca
     nbytes = tensor.numel() * tensor.element_size()
     if compression is None and algorithm != "onebit":
         algo, fn = choose_algorithm("all_reduce", g, tensor.dtype, name, nbytes, algorithm, "all_reduce")
-        if op is _SUM and (algorithm, tensor.dtype) not in g.short:
+        if op is _SUM and g.on_cpu and (algorithm, tensor.dtype) not in g.short:  # short_path: CPU groups only
             short_path.remember(g, algorithm, tensor.dtype)
         return Call("all_reduce", g, (_flat(tensor), name), name, -1, algo, fn, None, async_op, None, (tensor,), (),
                     nbytes, tensor.numel(), tensor.dtype)

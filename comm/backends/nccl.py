@@ -158,9 +158,9 @@ class NcclBackend(Backend):
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
         if tensor.numel() == 0:
             return
-        opts = td.AllreduceOptions()
-        opts.reduceOp = self._ops[op]
-        self._run(self.pg.allreduce([self._movable(tensor)], opts), "allreduce")
+        if tensor.dtype is torch.bool:
+            tensor = tensor.view(torch.uint8)
+        self.pg.allreduce([tensor], self._all_reduce_options[op]).wait()  # stream-ordered (see the module note)
 
     def broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
         if tensor.numel() == 0:
@@ -182,7 +182,9 @@ class NcclBackend(Backend):
     def all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
         if input.numel() == 0:
             return
-        self._run(self.pg._allgather_base(self._movable(output), self._movable(input)), "allgather")
+        if input.dtype is torch.bool:
+            output, input = output.view(torch.uint8), input.view(torch.uint8)
+        self.pg._allgather_base(output, input).wait()
 
     def gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
         if input.numel() == 0:
@@ -203,9 +205,9 @@ class NcclBackend(Backend):
     def reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
         if output.numel() == 0:
             return
-        opts = td.ReduceScatterOptions()
-        opts.reduceOp = self._ops[op]
-        self._run(self.pg._reduce_scatter_base(self._movable(output), self._movable(input), opts), "reduce_scatter")
+        if input.dtype is torch.bool:
+            output, input = output.view(torch.uint8), input.view(torch.uint8)
+        self.pg._reduce_scatter_base(output, input, self._reduce_scatter_options[op]).wait()
 
     def all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
         self._run(self.pg.alltoall_base(self._movable(output), self._movable(input), list(out_counts),
