@@ -46,6 +46,7 @@ def against_plain(names: str, cases: list, steps: int = 8) -> list:
     with pretend_host(names):
         kwargs = dict(steps=steps, accum=1, clip=0.0, stage=3, algorithm="native", bucket_numel=20_000)
         plain = zero_run("lm", **kwargs)
+        plain_state = plain["optimizer"].model_state_bytes()
         plain["optimizer"].remove_hooks()
         rows = []
         for fields in cases:
@@ -53,8 +54,9 @@ def against_plain(names: str, cases: list, steps: int = 8) -> list:
             loss_err, _ = max_relative_error(run, plain)
             param_err = max(float((run["params"][n] - plain["params"][n]).abs().max()) for n in plain["params"])
             summary = _summary(run)
-            rows.append((fields, loss_err, param_err, {k: v for k, v in summary.items()
-                                                       if k not in ("losses", "params")}))
+            rows.append((fields, loss_err, param_err, {"plain_state": plain_state,
+                                                       **{k: v for k, v in summary.items()
+                                                          if k not in ("losses", "params")}}))
         return rows
 
 
