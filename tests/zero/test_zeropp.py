@@ -1,5 +1,6 @@
-"""ZeRO++ (zero/zeropp.py) at 2 and 4 ranks on pretend hosts (``ZEROCOMM_HOST`` per rank), against plain
-ZeRO-3 on the same ranks and data (support/zeropp_checks.py runs the ranks' side).
+"""ZeRO++ (zero/zeropp.py) at 2 and 4 ranks on pretend hosts (``ZEROCOMM_HOST`` per rank), on gloo and MPI,
+against plain ZeRO-3 on the same ranks and data (support/zeropp_checks.py runs the ranks' side; the GPU check
+runs it on CUDA tensors, support/cuda_staging_checks.py).
 
 Tolerances:
 
@@ -34,7 +35,7 @@ def _cases(hpz: int) -> list:
     return [hp, QWZ, QGZ, {**QGZ, "quantized_gradient_bits": 8}, {**QWZ, **hp, **QGZ}]
 
 
-@pytest.mark.parametrize("world", worlds(backends=("gloo",), sizes=(2, 4)), indirect=True)
+@pytest.mark.parametrize("world", worlds(sizes=(2, 4)), indirect=True)
 def test_each_part_and_all_three_against_plain_zero3(world):
     for names, hpz in LAYOUTS[world.world_size]:
         cases = _cases(hpz)
@@ -75,7 +76,7 @@ def test_a_partition_size_that_splits_no_host_evenly_is_refused(world):
         assert "zero_hpz_partition_size (2)" in message and "'b': ranks [3]" in message, f"rank {rank}: {message}"
 
 
-@pytest.mark.parametrize("world", worlds(backends=("gloo",), sizes=(2, 4)), indirect=True)
+@pytest.mark.parametrize("world", worlds(sizes=(2, 4)), indirect=True)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_reduce_scatter_matches_a_numpy_model_of_the_hierarchy(world, bits):
     layouts = {2: ["ab", "aa"], 4: ["aabb", "abab", "abcd", "aaaa"]}[world.world_size]
