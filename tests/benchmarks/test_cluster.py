@@ -44,6 +44,22 @@ def test_table_states_the_link_load_and_ratio():
     assert "2.00x" in table and "0.50x" in table and "hierarchical" in table
 
 
+def test_zero_table_states_speedup_link_bytes_and_losses():
+    from zerocomm.benchmarks import zeropp_bench
+
+    losses = [9.0 - 0.01 * step for step in range(10)]
+    result = {"hosts": 2, "ranks_per_host": 2, "rate_bits": 10**9, "steps": 10, "batch": 1, "bits": 4, "lr": 1e-3,
+              "load_before": (1.0, 2.0, 3.0), "load_after": (1.5, 2.0, 3.0),
+              "rows": [{"variant": "ZeRO-3", "step_s": 1.0, "link_bytes_per_step": 64 << 20, "losses": losses},
+                       {"variant": "ZeRO-3 + ZeRO++", "step_s": 0.5, "link_bytes_per_step": 8 << 20,
+                        "losses": [x * 1.01 for x in losses]}]}
+    table = zeropp_bench.format_table(result)
+    assert "1 Gbit/s" in table and "qgZ int4" in table and "1.00 2.00 3.00" in table
+    assert "2.00x" in table and "64.0" in table and "8.0" in table and "8.00x" in table
+    assert "step 8 1.00%" in table and "step 10 1.00%" in table
+    assert zeropp_bench._link_tx_bytes("lo") >= 0 and zeropp_bench._link_tx_bytes("no-such-interface") == 0
+
+
 def _ours(pid: int) -> list:
     return [name for name in cluster._namespaces() if name.startswith(f"{cluster.PREFIX}{pid}")]
 
