@@ -18,7 +18,6 @@ Reporting one host is not yet sharing memory: :func:`probe_shared_memory` (run b
 from __future__ import annotations
 
 import os
-import select
 import socket
 from typing import Optional
 
@@ -62,7 +61,7 @@ def hosts(t: Transport, *, tag: int, deadline: Optional[float], name: Optional[s
     t._zerocomm_one_host = len(set(names)) == 1
     me = _this_process()
     # The pid of every rank whose process this one can see (same machine, same pid namespace), else 0.
-    t._zerocomm_pids = tuple(int.from_bytes(row[-8:], "little") if row[_NAME_BYTES:-8] == me[:-8] else 0
+    t.peer_pids = tuple(int.from_bytes(row[-8:], "little") if row[_NAME_BYTES:-8] == me[:-8] else 0
                              for row in rows)
     return names
 
@@ -74,7 +73,7 @@ def _put(buffer: torch.Tensor, offset: int, data: bytes) -> None:
 
 #: What a rank tells its peers of its process, after its host name: the machine's real hostname (64 bytes),
 #: its pid namespace's inode and its pid (8 bytes each).  A peer that sees the same machine and namespace can
-#: tell whether the process still runs (``gone``).
+#: tell whether the process still runs (``Transport.peer_pids``).
 _PROCESS_BYTES = 64 + 8 + 8
 _RECORD_BYTES = _NAME_BYTES + _PROCESS_BYTES
 
@@ -86,35 +85,6 @@ def _this_process() -> bytes:
         namespace = 0
     return (socket.gethostname().encode()[:64].ljust(64, b"\0") + namespace.to_bytes(8, "little")
             + os.getpid().to_bytes(8, "little"))
-
-
-def gone(t: Transport, rank: int) -> bool:
-    """Whether the process of ``rank`` (a rank of ``t``) is known to have ended: it ran on this machine, in
-    this pid namespace, and has exited (a zombie counts).  Ranks on other machines are never "known gone"
-    here: their transport tells.  Costs one ``poll`` of a pidfd (opened on first use), about a microsecond."""
-    pids = getattr(t, "_zerocomm_pids", None)
-    if pids is None or not pids[rank]:
-        return False
-    handles = t.__dict__.setdefault("_zerocomm_pidfds", {})
-    handle = handles.get(rank)
-    if handle is None:
-        try:
-            handle = handles[rank] = os.pidfd_open(pids[rank])
-        except ProcessLookupError:
-            return True
-        except (OSError, AttributeError):  # no pidfds (old kernel or Python): read /proc each time
-            handle = handles[rank] = -1
-    if handle < 0:
-        return not _running(pids[rank])
-    return bool(select.select([handle], [], [], 0)[0])  # a pidfd is readable once its process has exited
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")  # zombie or dead
-    except (OSError, IndexError):
-        return False
 
 
 def one_host(t: Transport) -> Optional[bool]:
@@ -133,9 +103,8 @@ def inherit(sub: Transport, parent: Transport, members) -> None:
         names = tuple(known[m] for m in members)
         sub._zerocomm_hosts = names
         sub._zerocomm_one_host = len(set(names)) == 1
-    pids = getattr(parent, "_zerocomm_pids", None)
-    if pids is not None:
-        sub._zerocomm_pids = tuple(pids[m] for m in members)
+    if parent.peer_pids is not None:
+        sub.peer_pids = tuple(parent.peer_pids[m] for m in members)
     if parent.__dict__.get("_zerocomm_no_segment"):
         sub._zerocomm_no_segment = True  # some ranks of the parent share no segment: kept off "shm" (conservative)
 

@@ -86,6 +86,10 @@ class Transport(abc.ABC):
     rank: int
     size: int
     device_type: str = "cpu"
+    #: The pid of each rank's process where it runs on this machine, in this pid namespace, else 0; learnt with
+    #: the ranks' hosts (``topology.hosts``), None until then.  A backend may use it to tell a dead peer from a
+    #: slow one where its own transport cannot.
+    peer_pids: Optional[tuple] = None
 
     @abc.abstractmethod
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
