@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from zerocomm.zero import ZeroConfig, ZeroConfigError, initialize
-from zerocomm.zero.zeropp import HostLayout, build_quantized_reduce_scatter
+from zerocomm.zero.zeropp import HostLayout, UnitGathers, build_quantized_reduce_scatter
 
 from .dist import dist
 from .zero_checks import adam, make_batch, make_model, loss_of, max_relative_error, zero_run
@@ -26,13 +26,15 @@ def pretend_host(names: str):
 
 def _summary(run: dict) -> dict:
     optimizer = run["optimizer"]
-    gathers = optimizer.parameters.gathers
+    gathers = getattr(optimizer.parameters, "gathers", None)
+    gathers = gathers if isinstance(gathers, UnitGathers) else None  # stage 3's part
     quantized = getattr(optimizer.gradients, "reduce_scatter", None)
-    out = {"losses": run["losses"], "params": run["params"], "gathered": dict(gathers.gathered_bytes),
-           "secondary_bytes": gathers.secondary_bytes(), "state": optimizer.model_state_bytes(),
+    out = {"losses": run["losses"], "params": run["params"],
+           "gathered": dict(gathers.gathered_bytes) if gathers else {},
+           "secondary_bytes": gathers.secondary_bytes() if gathers else 0, "state": optimizer.model_state_bytes(),
            "sent": dict(getattr(quantized, "sent_bytes", {}))}
     out["expected_secondary"] = 0
-    if gathers.hpz_group is not None:
+    if gathers is not None and gathers.hpz_group is not None:
         out["expected_secondary"] = sum(layout.padded_numel // gathers.hpz_size * 4
                                         for layout, unit in zip(optimizer.layouts, optimizer.parameters.units)
                                         if not unit.persistent)
@@ -50,7 +52,7 @@ def against_plain(names: str, cases: list, steps: int = 8) -> list:
         plain["optimizer"].remove_hooks()
         rows = []
         for fields in cases:
-            run = zero_run("lm", **kwargs, **fields)
+            run = zero_run("lm", **{**kwargs, **fields})  # fields may name another stage
             loss_err, _ = max_relative_error(run, plain)
             param_err = max(float((run["params"][n] - plain["params"][n]).abs().max()) for n in plain["params"])
             summary = _summary(run)

@@ -4,6 +4,7 @@ runs it on CUDA tensors, support/cuda_staging_checks.py).
 
 Tolerances:
 
+* The plain run is ZeRO-3; qgZ also runs at stage 2 (plain stages 2 and 3 agree to 1e-5, far inside the bounds).
 * hpZ alone changes which ranks backward gathers from, not the values: the same losses and parameters as
   plain ZeRO-3 to 1e-6 relative (the values moved are bit-identical; the bound leaves room for nothing else).
 * qwZ quantizes the weights forward and backward compute with to int8 in blocks of 256 (half a step: at most
@@ -32,7 +33,7 @@ QGZ = {"zero_quantized_gradients": True}
 
 def _cases(hpz: int) -> list:
     hp = {"zero_hpz_partition_size": hpz}
-    return [hp, QWZ, QGZ, {**QGZ, "quantized_gradient_bits": 8}, {**QWZ, **hp, **QGZ}]
+    return [hp, QWZ, QGZ, {**QGZ, "quantized_gradient_bits": 8}, {**QWZ, **hp, **QGZ}, {**QGZ, "stage": 2}]
 
 
 @pytest.mark.parametrize("world", worlds(sizes=(2, 4)), indirect=True)
