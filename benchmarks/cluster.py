@@ -379,10 +379,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.zero:
         from . import zeropp_bench
-        result = zeropp_bench.measure(args.hosts, args.ranks_per_host, rate, steps=args.zero, batch=args.zero_batch,
-                                      bits=args.zero_bits, lr=1e-3, timeout_s=args.timeout)
-        if result is None:
+        job = zeropp_bench.job(steps=args.zero, batch=args.zero_batch, bits=args.zero_bits, lr=1e-3, job_env=JOB_ENV)
+        ran = run_job(args.hosts, args.ranks_per_host, rate, job, args.timeout)
+        if ran is None:
             return 1
+        result = zeropp_bench.result(job, *ran, hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate_bits=rate)
         print(zeropp_bench.format_table(result))
         if args.json:
             with open(args.json, "w") as handle:
@@ -401,10 +402,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(row["correct"] is not False for row in result["rows"]) else 1
 
 
-def measure(hosts: int, ranks_per_host: int, rate_bits: int, sizes: Sequence[int], algorithms: Sequence[str], *,
-            warmup: int = 2, iters: int = 5, timeout_s: float = DEFAULT_TIMEOUT_S,
-            onebit_inner: str = "ring") -> Optional[dict]:
-    """Build the cluster, run the ranks, tear it all down; the setup, load and rows (``None`` if a rank failed)."""
+def run_job(hosts: int, ranks_per_host: int, rate_bits: int, job: dict, timeout_s: float) -> Optional[tuple]:
+    """Build the cluster, run ``job`` in its ranks (rank 0 writes its JSON to ``job["out"]``, set here), tear it
+    all down; ``(what rank 0 wrote, load before, load after)``, or ``None`` if a rank failed."""
     cluster = Cluster(hosts, rate_bits)
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -412,10 +412,7 @@ def measure(hosts: int, ranks_per_host: int, rate_bits: int, sizes: Sequence[int
             out = os.path.join(folder, "rows.json")
             cluster.build()
             load_before = os.getloadavg()
-            status = launch(cluster, ranks_per_host, {"sizes": list(sizes), "algorithms": list(algorithms),
-                                                      "warmup": warmup, "iters": iters, "out": out,
-                                                      "timeout_s": timeout_s, "onebit_inner": onebit_inner},
-                            timeout_s)
+            status = launch(cluster, ranks_per_host, {**job, "out": out, "timeout_s": timeout_s}, timeout_s)
             if status != 0 or not os.path.exists(out):
                 return None
             with open(out) as handle:
@@ -424,9 +421,22 @@ def measure(hosts: int, ranks_per_host: int, rate_bits: int, sizes: Sequence[int
         cluster.teardown()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return measured, load_before, os.getloadavg()
+
+
+def measure(hosts: int, ranks_per_host: int, rate_bits: int, sizes: Sequence[int], algorithms: Sequence[str], *,
+            warmup: int = 2, iters: int = 5, timeout_s: float = DEFAULT_TIMEOUT_S,
+            onebit_inner: str = "ring") -> Optional[dict]:
+    """Build the cluster, run the ranks, tear it all down; the setup, load and rows (``None`` if a rank failed)."""
+    ran = run_job(hosts, ranks_per_host, rate_bits, {"sizes": list(sizes), "algorithms": list(algorithms),
+                                                     "warmup": warmup, "iters": iters, "onebit_inner": onebit_inner},
+                  timeout_s)
+    if ran is None:
+        return None
+    measured, load_before, load_after = ran
     return {"hosts": hosts, "ranks_per_host": ranks_per_host, "rate_bits": rate_bits, "backend": "gloo",
             "warmup": warmup, "iters": iters, "onebit_inner": onebit_inner, "load_before": load_before,
-            "load_after": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_after": load_after, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "hostnames": measured["hostnames"], "rows": measured["rows"]}
 
 

@@ -53,17 +53,16 @@ def _batches(vocab: int, seq_len: int, batch_size: int, rank: int, steps: int):
     return out
 
 
-def rank_main() -> int:
-    """One rank (started by cluster.py's agent with ``JOB_ENV`` set)."""
+def rank_main(job_env: str) -> int:
+    """One rank (started by cluster.py's agent with the job in the environment variable ``job_env``)."""
     import torch
 
     import zerocomm.comm as dist
-    from zerocomm.benchmarks.cluster import JOB_ENV
     from zerocomm.benchmarks.models import TinyLM, loss_fn
     from zerocomm.zero import ZeroConfig, initialize
 
     torch.set_num_threads(1)
-    job = json.loads(os.environ[JOB_ENV])
+    job = json.loads(os.environ[job_env])
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=job["timeout_s"]))
     rank, n = dist.get_rank(), dist.get_world_size()
     per_host = job["ranks_per_host"]
@@ -117,35 +116,19 @@ def rank_main() -> int:
     return 0
 
 
-def measure(hosts: int, ranks_per_host: int, rate_bits: int, *, steps: int, batch: int, bits: int, lr: float,
-            timeout_s: float) -> dict | None:
-    """Build the cluster, run both variants in its ranks, tear it down; the rows (None if a rank failed)."""
-    import signal
-    import tempfile
+def job(*, steps: int, batch: int, bits: int, lr: float, job_env: str) -> dict:
+    """What cluster.py's ranks run for ``--zero``: this module's ``rank_main``, reading the job from ``job_env``."""
+    return {"zero_steps": steps, "batch": batch, "bits": bits, "lr": lr,
+            "rank_command": [sys.executable, "-m", __name__, "--rank", job_env]}
 
-    from . import cluster as c
 
-    net = c.Cluster(hosts, rate_bits)
-    previous = {sig: signal.signal(sig, c._on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        with tempfile.TemporaryDirectory(prefix="zerocomm-zeropp-") as folder:
-            out = os.path.join(folder, "rows.json")
-            net.build()
-            load_before = os.getloadavg()
-            job = {"zero_steps": steps, "batch": batch, "bits": bits, "lr": lr, "out": out, "timeout_s": timeout_s,
-                   "rank_command": [sys.executable, "-m", __name__, "--rank"]}
-            status = c.launch(net, ranks_per_host, job, timeout_s)
-            if status != 0 or not os.path.exists(out):
-                return None
-            with open(out) as handle:
-                measured = json.load(handle)
-    finally:
-        net.teardown()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return {"hosts": hosts, "ranks_per_host": ranks_per_host, "rate_bits": rate_bits, "steps": steps,
-            "batch": batch, "bits": bits, "lr": lr, "load_before": load_before, "load_after": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": measured["rows"]}
+def result(job: dict, measured: dict, load_before, load_after, *, hosts: int, ranks_per_host: int,
+           rate_bits: int) -> dict:
+    """The run's setup, load and rows (what ``format_table`` prints and ``--json`` keeps)."""
+    return {"hosts": hosts, "ranks_per_host": ranks_per_host, "rate_bits": rate_bits, "steps": job["zero_steps"],
+            "batch": job["batch"], "bits": job["bits"], "lr": job["lr"], "load_before": load_before,
+            "load_after": load_after, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "rows": measured["rows"]}
 
 
 def format_table(result: dict) -> str:
@@ -157,7 +140,7 @@ def format_table(result: dict) -> str:
              f"{' '.join(f'{x:.2f}' for x in result['load_before'])} (before), "
              f"{' '.join(f'{x:.2f}' for x in result['load_after'])} (after)",
              f"# {'variant':>16} {'step ms':>9} {'speedup':>8} {'link MiB/step':>14} {'vs plain':>9} "
-             f"{'loss@8':>8} {f'loss@{steps}':>9}"]
+             f"{f'loss@{min(8, steps)}':>8} {f'loss@{steps}':>9}"]
     base = result["rows"][0]
     for row in result["rows"]:
         at8 = row["losses"][min(8, steps) - 1]
@@ -166,12 +149,12 @@ def format_table(result: dict) -> str:
                      f"{base['link_bytes_per_step'] / max(row['link_bytes_per_step'], 1):>8.2f}x "
                      f"{at8:>8.4f} {row['losses'][-1]:>9.4f}")
     plain, pp = result["rows"][0]["losses"], result["rows"][-1]["losses"]
-    lines.append(f"# loss difference (ZeRO++ vs plain, relative): step 8 {abs(pp[min(8, steps) - 1] / plain[min(8, steps) - 1] - 1):.2%}, "
+    lines.append(f"# loss difference (ZeRO++ vs plain, relative): step {min(8, steps)} {abs(pp[min(8, steps) - 1] / plain[min(8, steps) - 1] - 1):.2%}, "
                  f"step {steps} {abs(pp[-1] / plain[-1] - 1):.2%}")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--rank"]:
-        sys.exit(rank_main())
+        sys.exit(rank_main(sys.argv[2]))
     sys.exit("run through zerocomm-bench cluster --zero")
