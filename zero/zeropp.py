@@ -278,20 +278,20 @@ class QuantizedReduceScatter:
                 return None
             rec = quantized_nbytes(H * c, bits, block)
             send = torch.empty(L * rec, dtype=torch.uint8, device=bucket.device)
-            pieces = []
             for lp in range(L):
-                piece = chunks.index_select(0, self._piece_chunks[lp]).reshape(-1)
-                pieces.append(piece)
-                if lp != self.l:
+                piece = chunks.index_select(0, self._piece_chunks[lp]).reshape(-1)  # a fresh copy
+                if lp == self.l:
+                    state["own"] = piece  # never travels: summed exactly
+                else:
                     quantize_blocks(piece, bits=bits, block=block, out=send[lp * rec:(lp + 1) * rec])
-            state.update(rec=rec, own=pieces[self.l], recv=torch.empty_like(send))
+            state.update(rec=rec, recv=torch.empty_like(send))
             self.sent_bytes["intra"] += (L - 1) * rec
             return dist.all_to_all_single(state["recv"], send, group=self.intra_group, async_op=True,
                                           algorithm=algorithm or self.algorithm)
 
         def cross_launch():
             if L > 1:
-                partial = state.pop("own").to(torch.float32).clone()
+                partial = state.pop("own").to(torch.float32)  # the copy index_select made (or a cast)
                 recv, rec = state.pop("recv"), state["rec"]
                 for j in range(L):
                     if j != self.l:
@@ -313,7 +313,7 @@ class QuantizedReduceScatter:
 
         def finish():
             rows = state.pop("partial")
-            total = rows[self.h].clone() if rows.dim() == 2 else rows.view(H, c)[self.h].clone()
+            total = rows[self.h].clone()
             if H > 1:
                 recv, rec = state.pop("recv2"), state["rec2"]
                 for hp in range(H):
