@@ -6,7 +6,8 @@ communicator of a host holds its ranks; an *inter* communicator holds one rank p
 are made with ``Backend.split`` the first time a call needs them and cached on the backend (see
 :func:`release`).  Intra-host phases use the ``"shm"`` algorithm when the registry has it (one
 host, shared memory), else the ring (large) or tree (small) one; inter-host phases use the ring
-for large pieces and recursive doubling / a binomial tree for small ones.
+for large pieces (between two hosts, one pipelined exchange) and recursive doubling / a binomial tree
+for small ones.
 
 all_reduce of ``N`` elements, large (above ``SMALL_BYTES``):
   1. intra reduce-scatter: host ``h`` cuts ``[0, m_h s_h)`` (``s_h = N // m_h``) into ``m_h``
@@ -161,8 +162,11 @@ def _intra(collective: str, fallback: Callable[..., None]) -> Callable[..., None
     return ALGORITHMS.get((collective, "shm"), fallback)
 
 
-def _inter_all_reduce(nbytes: int) -> Callable[..., None]:
-    return all_reduce_recursive_doubling if nbytes <= INTER_TREE_BYTES else all_reduce_ring
+def _inter_all_reduce(nbytes: int, size: int) -> Callable[..., None]:
+    """Small pieces: recursive doubling.  Large ones: the ring, except between two hosts, where recursive
+    doubling is one segmented exchange that carries the piece once each way, as the ring's two steps do, but
+    with nothing to wait for between them: the link stays busy (the ring idles while each half is reduced)."""
+    return all_reduce_recursive_doubling if nbytes <= INTER_TREE_BYTES or size == 2 else all_reduce_ring
 
 
 def _rank_in(comm_ranks: Sequence[int], rank: int) -> int:
@@ -192,7 +196,7 @@ def all_reduce_hierarchical(t: Transport, tensor: torch.Tensor, op: str, *, tag:
         _intra("all_reduce", all_reduce_recursive_doubling if small else all_reduce_ring)(t, tensor, op, **kw)
         return
     if lay.one_rank_per_host():
-        _inter_all_reduce(nbytes)(t, tensor, op, **kw)
+        _inter_all_reduce(nbytes, t.size)(t, tensor, op, **kw)
         return
     base = "sum" if op == "avg" else op
     if nbytes <= SMALL_BYTES or numel < max(len(ranks) for ranks in lay.hosts):
@@ -283,7 +287,7 @@ def _inter_pieces(t: Transport, lay: _Layout, region: torch.Tensor, pieces, op: 
         inter = lay.comm_of(owners, t.rank)
         if inter is not None:
             piece = region[lo:hi]
-            _inter_all_reduce(piece.numel() * piece.element_size())(inter, piece, op, **kw)
+            _inter_all_reduce(piece.numel() * piece.element_size(), inter.size)(inter, piece, op, **kw)
 
 
 def _intra_gather(intra: Transport, lay: _Layout, region: torch.Tensor, kw: dict) -> None:
