@@ -159,7 +159,7 @@ the hostname): its cells say **yes/all** for such groups; a group spanning hosts
 | ranks on one host (CPU) | gloo moves loopback TCP, MPI its own shared memory | `shm`: a reduction reads peers' buffers in place in shared memory; `shared_empty` tensors skip even the copy in |
 | bitwise ops on NCCL | `BAND`/`BOR`/`BXOR` unsupported | `algorithm="ring"` or `"tree"` serves them on CUDA |
 | choice of algorithm | fixed per backend | `native`, `ring`, `tree`, `recursive_doubling`, `shm`, `auto` on every backend |
-| errors | backend-specific; gloo aborts a rank on a shape mismatch | typed errors before any byte moves; debug mode names mismatched ranks |
+| errors | backend-specific; gloo aborts a rank on a shape mismatch | typed errors before any byte moves; the mismatch check (on by default) names the mismatched ranks |
 """
 
 
