@@ -71,7 +71,10 @@ def quantize_blocks(x: torch.Tensor, *, bits: int, block: int,
     if blocks * block != numel:
         values = torch.nn.functional.pad(values, (0, blocks * block - numel))
     values = values.view(blocks, block)
-    scales = values.abs().amax(dim=1, keepdim=True).div_(qmax) if blocks else values.new_zeros(0, 1)
+    # Divided by a tensor, not a Python number: CUDA divides by a number as a multiply by its reciprocal, which
+    # can differ from the CPU's division in the last bit (seen on an H200 for int4's 7); tensor by tensor is IEEE.
+    scales = (values.abs().amax(dim=1, keepdim=True).div_(values.new_full((1, 1), float(qmax))) if blocks
+              else values.new_zeros(0, 1))
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
     # |x| / (max|x| / qmax) rounds to at most qmax: no clamp is needed.
     rounded = torch.round(values / safe).view(-1)
