@@ -10,11 +10,12 @@ from .api import (all_gather, all_gather_into_tensor, all_gather_single, reduce_
 from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, InvalidArgumentError,
                      NotInitializedError, PeerError, UnsupportedError)
 from .group import Group
-from .objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from .objects import (all_gather_object, broadcast_object_list, gather_object, get_host_names,
+                      scatter_object_list)
 from .profiler import Profiler, profile
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .process_group import (GroupMember, configure, destroy_process_group, get_backend, get_default_algorithm,
-                            get_global_rank, get_group_rank, get_host_names, get_rank, get_world_size, group,
+                            get_global_rank, get_group_rank, get_rank, get_world_size, group,
                             init_process_group,
                             is_available, is_initialized, new_group, set_default_algorithm, which_algorithm)
 from .reduce_op import ReduceOp

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as td
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import api, compat, p2p, staging
+from . import api, compat, objects, p2p, staging
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import WORLD, Group
 from .work import Work
@@ -156,7 +156,7 @@ def create(dist_backend_opts, pg_options) -> "ZerocommProcessGroup":
         communicator = _mpi_communicator(store, rank, size, name)
     ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(size))
     group = Group(ranks, rank, communicator, timeout, transport, name)
-    staging.offer_nccl(group, store)  # CUDA tensors: NCCL where every rank has a GPU of its own, else staged
+    staging.offer_nccl(group, store, objects.all_gather_object)  # CUDA tensors: NCCL where every rank has a GPU of its own, else staged
     group.handle = ZerocommProcessGroup(group, options.algorithm, str(dist_backend_opts.group_id))
     return group.handle
 

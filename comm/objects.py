@@ -16,8 +16,9 @@ from typing import Any, List, Optional
 
 import torch
 
-from . import api, validate
+from . import api, topology, validate
 from .api import resolve_group
+from .group import NON_GROUP_MEMBER
 
 
 def _device(g, requested=None) -> torch.device:
@@ -124,3 +125,15 @@ def scatter_object_list(scatter_object_output_list: List[Any], scatter_object_in
             chunks.append(padded)
     api.scatter(mine, chunks, group=g, group_src=root)
     scatter_object_output_list[0] = _decode(mine, lengths[g.rank])
+
+
+def get_host_names(group=None) -> tuple:
+    """The host of every rank of ``group`` (index = group rank): ``$ZEROCOMM_HOST`` where a rank set it, else
+    its hostname, as ``comm.topology`` names hosts.  Every rank of the group calls it (one all_gather of the
+    names, read afresh on each call); a non-member gets ``()``."""
+    if group is NON_GROUP_MEMBER:
+        return ()
+    g = resolve_group(group, "get_host_names")
+    names = [None] * g.size()
+    all_gather_object(names, topology.local_host(), group=group)
+    return tuple(names)

@@ -380,20 +380,6 @@ def get_group_rank(group, global_rank: int) -> int:
     return g.ranks.index(global_rank)
 
 
-def get_host_names(group=None) -> tuple:
-    """The host of every rank of ``group`` (index = group rank): ``$ZEROCOMM_HOST`` where a rank set it, else
-    its hostname, as ``comm.topology`` names hosts.  Every rank of the group calls it (one all_gather of the
-    names, read afresh on each call); a non-member gets ``()``."""
-    g = _group_or_world(group, "get_host_names")
-    if g is None:
-        return ()
-    from . import topology
-    from .objects import all_gather_object
-    names = [None] * g.size()
-    all_gather_object(names, topology.local_host(), group=group)
-    return tuple(names)
-
-
 class _GroupNamespace:
     """``group.WORLD`` as in torch: the default group's torch ``ProcessGroup`` once initialized, else None."""
 

@@ -58,16 +58,16 @@ class _NcclRoute:
     """A host group's NCCL twin, made at the group's first CUDA call once its members have shown one another
     which GPU they hold (all members make that call, in the same order); ``None`` where two share one."""
 
-    def __init__(self, store):
+    def __init__(self, store, all_gather_object):
         self.store = store
+        self.all_gather_object = all_gather_object  # given by the caller: staging sits below the object collectives
         self.decided = False
         self.twin = None
 
     def resolve(self, group):
         if self.decided:
             return self.twin
-        from .objects import all_gather_object
-
+        all_gather_object = self.all_gather_object
         device = torch.cuda.current_device()
         mine = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
         everyone = [None] * group.size()
@@ -84,11 +84,12 @@ class _NcclRoute:
         return self.twin
 
 
-def offer_nccl(group, store) -> None:
+def offer_nccl(group, store, all_gather_object) -> None:
     """Let ``group`` (a host group) move CUDA tensors over NCCL, through ``store``, when every member has a GPU of
-    its own (decided at its first CUDA call); staged through host memory otherwise."""
+    its own (decided at its first CUDA call, the members' GPUs exchanged with ``all_gather_object``, zerocomm's);
+    staged through host memory otherwise."""
     if torch.distributed.is_nccl_available() and torch.cuda.is_available():
-        _ROUTES[group] = _NcclRoute(store)
+        _ROUTES[group] = _NcclRoute(store, all_gather_object)
 
 
 def _resolved(group):
