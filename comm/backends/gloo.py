@@ -409,6 +409,11 @@ class GlooBackend(Backend):
     def issue_barrier(self, *, tag, deadline, segment_bytes) -> tuple:
         return GlooRequest(self.pg.barrier(_C.BarrierOptions()), "gloo barrier"), None
 
-    ISSUE = {"all_reduce": issue_all_reduce, "broadcast": issue_broadcast, "reduce": issue_reduce,
+    #: gloo's own asynchronous collectives, posted without waiting.  Not this backend's ``ISSUE`` by default:
+    #: with them issued directly, ZeRO-3 steps under load (both cores busy) ended 6e-5 to 2e-4 off data
+    #: parallel's losses in 2 of 6 runs, against 0 of 6 through the executor -- a race not found yet.  Until it
+    #: is, gloo's async calls go through the executor; the tests turn these on for a group of their own.
+    ISSUABLE = {"all_reduce": issue_all_reduce, "broadcast": issue_broadcast, "reduce": issue_reduce,
              "all_gather": issue_all_gather, "gather": issue_gather, "scatter": issue_scatter,
              "reduce_scatter": issue_reduce_scatter, "all_to_all": issue_all_to_all, "barrier": issue_barrier}
+    ISSUE: dict = {}

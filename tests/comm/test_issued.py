@@ -14,10 +14,16 @@ from support.worlds import worlds
 
 def _fresh_group():
     """A new group over every rank (the pool's default group may have run calls through its executor before),
-    and its ``Group``."""
+    and its ``Group``, with gloo's asynchronous collectives issued directly (``GlooBackend.ISSUABLE``; off by
+    default, see there)."""
     import zerocomm.comm as zdist
+    from zerocomm.comm.backends.gloo import GlooBackend
     from zerocomm.comm.validate import resolve_group
-    handle = zdist.new_group(list(range(zdist.get_world_size())))
+    GlooBackend.ISSUE = GlooBackend.ISSUABLE
+    try:
+        handle = zdist.new_group(list(range(zdist.get_world_size())))
+    finally:
+        GlooBackend.ISSUE = {}
     return handle, resolve_group(handle, "test")
 
 
@@ -83,22 +89,24 @@ def ordering_with_queued_calls():
     import zerocomm.comm as zdist
     from zerocomm.comm.work import IssuedWork
     n = zdist.get_world_size()
+    handle, _ = _fresh_group()
     big = torch.ones(1 << 16)
-    ring = zdist.all_reduce(big, async_op=True, algorithm="ring")
+    ring = zdist.all_reduce(big, group=handle, async_op=True, algorithm="ring")
     small = torch.ones(8)
-    native = zdist.all_reduce(small, async_op=True, algorithm="native")
+    native = zdist.all_reduce(small, group=handle, async_op=True, algorithm="native")
     queued_behind = type(native) is not IssuedWork
     native.wait()
     ring_done_first = ring.is_completed()
     ring.wait()
     first = torch.ones(8)
-    issued = zdist.all_reduce(first, async_op=True, algorithm="native")
+    issued = zdist.all_reduce(first, group=handle, async_op=True, algorithm="native")
     second = torch.ones(1 << 12)
-    after = zdist.all_reduce(second, async_op=True, algorithm="ring")
+    after = zdist.all_reduce(second, group=handle, async_op=True, algorithm="ring")
     after.wait()
     issued.wait()
     right = (torch.equal(big, torch.full_like(big, n)) and torch.equal(small, torch.full_like(small, n))
              and torch.equal(first, torch.full_like(first, n)) and torch.equal(second, torch.full_like(second, n)))
+    zdist.destroy_process_group(handle)
     return queued_behind, ring_done_first, type(issued) is IssuedWork, right
 
 
