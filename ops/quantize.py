@@ -12,8 +12,14 @@ Codes, by ``bits``:
   in the high one.  ``block`` must then be even, so a block never shares a byte with the next.
 
 The arithmetic is float32 whatever the input's dtype (bf16 and fp16 are widened first), so the codes equal
-numpy's float32 computation exactly (``tests/ops/test_quantize.py``).  ``BlockFeedback`` keeps the
-error feedback of one quantized tensor: the part the codes could not represent is added to the next input.
+numpy's float32 computation exactly (``tests/ops/test_quantize.py``).  A block holding an infinity or a NaN
+decodes to values that are not finite (never to finite ones).  ``BlockFeedback`` keeps the error feedback of
+one quantized tensor: the part the codes could not represent is added to the next input.
+
+On the CPU both directions run in C (``ops/_quantize.c``: one pass each way, the optional extension
+``setup.py`` builds) when it was built, and as whole-tensor torch ops otherwise (and on CUDA); both give the
+same bits.  ``dequantize_blocks(..., add=True)`` adds the decoded values into ``out`` in the same pass (the
+sum of several ranks' codes without a temporary).
 
 Nothing here communicates: zero/zeropp.py moves the codes and scales.
 """
@@ -24,6 +30,24 @@ from typing import Optional
 import torch
 
 BITS = (4, 8)
+
+
+def _load_native():
+    """The C kernels (``ops/_quantize.c``), or ``None`` where the extension was not built."""
+    try:
+        from . import _quantize
+    except ImportError:
+        return None
+    return _quantize
+
+
+#: The C kernels used for CPU tensors (``None``: torch ops everywhere; the tests set it to run both paths).
+NATIVE = _load_native()
+
+
+def _buffer(t: torch.Tensor):
+    """A CPU tensor as a buffer for the C kernels (no copy)."""
+    return t.detach().numpy()
 
 
 def _qmax(bits: int) -> int:
@@ -67,6 +91,8 @@ def quantize_blocks(x: torch.Tensor, *, bits: int, block: int,
     if x.dim() != 1 or not x.is_floating_point():
         raise ValueError(f"quantize: expected a 1-D floating tensor, got {x.dim()}-D {x.dtype}")
     numel, blocks = x.numel(), quantized_blocks(x.numel(), block)
+    if NATIVE is not None and x.device.type == "cpu":
+        return _quantize_native(x, bits, block, out)
     values = x.to(torch.float32)
     if blocks * block != numel:
         values = torch.nn.functional.pad(values, (0, blocks * block - numel))
@@ -76,8 +102,9 @@ def quantize_blocks(x: torch.Tensor, *, bits: int, block: int,
     scales = (values.abs().amax(dim=1, keepdim=True).div_(values.new_full((1, 1), float(qmax))) if blocks
               else values.new_zeros(0, 1))
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    # |x| / (max|x| / qmax) rounds to at most qmax: no clamp is needed.
-    rounded = torch.round(values / safe).view(-1)
+    # |x| / (max|x| / qmax) rounds to at most qmax, except where max|x| is subnormal (the scale then rounds
+    # coarsely): the clamp keeps those blocks' codes in range.
+    rounded = torch.round((values / safe).clamp_(-qmax, qmax)).view(-1)
     scales = scales.view(-1)
     if bits == 8:
         codes = rounded.to(torch.int8)
@@ -95,6 +122,26 @@ def quantize_blocks(x: torch.Tensor, *, bits: int, block: int,
     return out[:ncode].view(codes.dtype), out[ncode:].view(torch.float32)
 
 
+def _quantize_native(x: torch.Tensor, bits: int, block: int,
+                     out: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    numel = x.numel()
+    values = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
+    ncode, blocks = code_bytes(numel, bits, block), quantized_blocks(numel, block)
+    if out is None:
+        codes = torch.empty(ncode, dtype=torch.int8 if bits == 8 else torch.uint8)
+        scales = torch.empty(blocks, dtype=torch.float32)
+    else:
+        nbytes = ncode + 4 * blocks
+        if out.dtype != torch.uint8 or out.numel() != nbytes or not out.is_contiguous():
+            raise ValueError(f"quantize: out must be a contiguous uint8 tensor of {nbytes} bytes, got "
+                             f"{out.numel()} x {out.dtype}")
+        codes, scales = out[:ncode], out[ncode:].view(torch.float32)
+        if bits == 8:
+            codes = codes.view(torch.int8)
+    NATIVE.quantize(_buffer(values), _buffer(codes), _buffer(scales), bits, block)
+    return codes, scales
+
+
 def split_payload(payload: torch.Tensor, numel: int, *, bits: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scales) views of one buffer written by ``quantize_blocks(..., out=payload)``."""
     ncode = code_bytes(numel, bits, block)
@@ -103,33 +150,48 @@ def split_payload(payload: torch.Tensor, numel: int, *, bits: int, block: int) -
 
 
 def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, *, bits: int, block: int, numel: int,
-                      out: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                      out: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.float32,
+                      add: bool = False) -> torch.Tensor:
     """The ``numel`` values that ``codes`` and ``scales`` stand for (into ``out`` if given, else a new
-    tensor of ``dtype``).  ``numel`` may cover several quantized tensors laid end to end whose lengths are
-    whole blocks (the payloads of several ranks, decoded at once)."""
+    tensor of ``dtype``; ``add``: added into ``out``, which must then be given).  ``numel`` may cover several
+    quantized tensors laid end to end whose lengths are whole blocks (the payloads of several ranks, decoded
+    at once)."""
+    if add and out is None:
+        raise ValueError("dequantize: add=True adds into out, which was not given")
     _qmax(bits)
     _check_block(bits, block)
     blocks = scales.numel()
     if blocks * block < numel:
         raise ValueError(f"dequantize: {blocks} scales of blocks of {block} cover {blocks * block} elements, "
                          f"fewer than numel {numel}")
+    if bits == 4 and codes.numel() * 2 != blocks * block:
+        raise ValueError(f"dequantize: {codes.numel()} int4 code bytes for {blocks} blocks of {block}")
+    if bits == 8 and codes.numel() != blocks * block:
+        raise ValueError(f"dequantize: {codes.numel()} int8 codes for {blocks} blocks of {block}")
+    if out is not None and out.numel() != numel:
+        raise ValueError(f"dequantize: out has {out.numel()} elements, expected {numel}")
+    if NATIVE is not None and codes.device.type == "cpu":
+        if out is not None and out.dtype == torch.float32 and out.is_contiguous():
+            NATIVE.dequantize(_buffer(out.view(-1)), _buffer(codes), _buffer(scales), bits, block, add)
+            return out
+        values = torch.empty(numel, dtype=torch.float32)
+        NATIVE.dequantize(_buffer(values), _buffer(codes), _buffer(scales), bits, block, False)
+        if out is None:
+            return values if dtype == torch.float32 else values.to(dtype)
+        return out.add_(values.view(out.shape)) if add else out.copy_(values.view(out.shape))
     if bits == 4:
-        if codes.numel() * 2 != blocks * block:
-            raise ValueError(f"dequantize: {codes.numel()} int4 code bytes for {blocks} blocks of {block}")
         values = torch.empty(blocks * block, dtype=torch.float32, device=codes.device)
         pairs = values.view(-1, 2)
         pairs[:, 0] = codes & 0x0F
         pairs[:, 1] = codes >> 4
         values = values.sub_(8).view(blocks, block)
     else:
-        if codes.numel() != blocks * block:
-            raise ValueError(f"dequantize: {codes.numel()} int8 codes for {blocks} blocks of {block}")
         values = codes.view(torch.int8).view(blocks, block).to(torch.float32)
     values = values.mul_(scales.view(blocks, 1)).view(-1)[:numel]
     if out is None:
         return values.to(dtype)
-    if out.numel() != numel:
-        raise ValueError(f"dequantize: out has {out.numel()} elements, expected {numel}")
+    if add:
+        return out.add_(values.view(out.shape))
     out.copy_(values.view(out.shape))
     return out
 

@@ -1,11 +1,28 @@
 """Block-wise int8/int4 quantization (zerocomm.ops.quantize) against a numpy reference written from the
-definition: per block, scale = max|x| / qmax in float32, code = round-half-even(x / scale) clamped."""
+definition: per block, scale = max|x| / qmax in float32, code = round-half-even(x / scale) clamped.
+
+Every test runs on both CPU paths: the C kernels (ops/_quantize.c) and the torch ops (CUDA's path)."""
 import numpy as np
 import pytest
 import torch
 
+from zerocomm.ops import quantize as quantize_module
 from zerocomm.ops.quantize import (BlockFeedback, code_bytes, dequantize_blocks, quantize_blocks,
                                    quantized_nbytes, split_payload)
+
+_BUILT = quantize_module.NATIVE
+
+
+@pytest.fixture(autouse=True, params=["c", "torch"])
+def path(request, monkeypatch):
+    """Which CPU kernels the test runs: the C extension (skipped where it was not built) or torch's ops."""
+    if request.param == "c":
+        if _BUILT is None:
+            pytest.skip("the C extension zerocomm.ops._quantize was not built (pip install -e . builds it)")
+        monkeypatch.setattr(quantize_module, "NATIVE", _BUILT)
+    else:
+        monkeypatch.setattr(quantize_module, "NATIVE", None)
+    return request.param
 
 LENGTHS = [0, 1, 7, 64, 65, 1000]
 BLOCKS = [2, 16, 64]
@@ -81,6 +98,75 @@ def test_several_payloads_decode_at_once():
     decoded = dequantize_blocks(codes, scales, bits=8, block=16, numel=192, dtype=torch.bfloat16)
     expected = np.concatenate([_reference(p.numpy(), 8, 16)[2] for p in parts])
     np.testing.assert_array_equal(decoded.float().numpy(), torch.tensor(expected).bfloat16().float().numpy())
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_subnormal_blocks_are_clamped_like_numpy(bits):
+    """A block whose largest magnitude is subnormal gets a coarsely rounded scale: x / scale can pass qmax, and
+    the codes are clamped (as the reference's clip); a block too small for any scale codes as zeros."""
+    ulp = np.float32(1.4e-45)  # the smallest subnormal
+    qmax = 2 ** (bits - 1) - 1
+    x = np.zeros(64, np.float32)
+    x[:16] = ulp * np.arange(-qmax * 3 // 2, qmax * 3 // 2, qmax * 3 // 16 or 1, dtype=np.float32)[:16]
+    x[:16][0] = -ulp * (qmax * 3 // 2)  # max|x| / qmax rounds down to one ulp: x / scale is 1.5 qmax
+    assert np.abs(x[:16] / (np.abs(x[:16]).max() / np.float32(qmax))).max() > qmax  # the clamp is exercised
+    x[16:32] = ulp                                                          # too small for a scale: 0
+    x[32:48] = np.linspace(-2e-39, 1e-39, 16, dtype=np.float32)
+    x[48:] = np.linspace(-1, 1, 16, dtype=np.float32)
+    codes, scales = quantize_blocks(torch.from_numpy(x), bits=bits, block=16)
+    ref_codes, ref_scales, ref_decoded = _reference(x, bits, 16)
+    np.testing.assert_array_equal(scales.numpy(), ref_scales)
+    np.testing.assert_array_equal(codes.numpy(), ref_codes if bits == 8 else _pack4(ref_codes))
+    decoded = dequantize_blocks(codes, scales, bits=bits, block=16, numel=64)
+    np.testing.assert_array_equal(decoded.numpy(), ref_decoded)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_block_never_decodes_finite(bits, bad):
+    x = torch.linspace(-1, 1, 48)
+    x[20] = bad
+    codes, scales = quantize_blocks(x, bits=bits, block=16)
+    decoded = dequantize_blocks(codes, scales, bits=bits, block=16, numel=48)
+    assert not torch.isfinite(decoded[16:32]).any()
+    ref_codes, ref_scales, ref_decoded = _reference(x.numpy()[np.r_[0:16, 32:48]], bits, 16)
+    np.testing.assert_array_equal(decoded[np.r_[0:16, 32:48]].numpy(), ref_decoded)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("n", [1, 65, 1000])
+def test_decoding_adds_into_out(bits, n):
+    """add=True: out + decoded, one float32 rounding each (the sum of ranks' codes without a temporary)."""
+    x, base = _input(n, seed=11), _input(n, seed=12)
+    codes, scales = quantize_blocks(x, bits=bits, block=16)
+    out = base.clone()
+    assert dequantize_blocks(codes, scales, bits=bits, block=16, numel=n, out=out, add=True) is out
+    expected = (base.numpy() + _reference(x.numpy(), bits, 16)[2]).astype(np.float32)
+    np.testing.assert_array_equal(out.numpy(), expected)
+    strided = torch.zeros(2 * n)[::2]  # not contiguous: decoded apart, then added
+    dequantize_blocks(codes, scales, bits=bits, block=16, numel=n, out=strided, add=True)
+    np.testing.assert_array_equal(strided.numpy(), _reference(x.numpy(), bits, 16)[2])
+    with pytest.raises(ValueError, match="add=True"):
+        dequantize_blocks(codes, scales, bits=bits, block=16, numel=n, add=True)
+
+
+@pytest.mark.skipif(_BUILT is None, reason="the C extension zerocomm.ops._quantize was not built")
+@pytest.mark.parametrize("bits", [8, 4])
+def test_c_and_torch_give_the_same_bytes(bits, path, monkeypatch):
+    """A large input of odd length with ties, zeros and wide ranges: the two paths' payloads are equal."""
+    if path != "c":
+        pytest.skip("compares both paths once")
+    x = _input(100_003, seed=13)
+    nbytes = quantized_nbytes(x.numel(), bits, 256)
+    payloads = []
+    for native in (_BUILT, None):
+        monkeypatch.setattr(quantize_module, "NATIVE", native)
+        payload = torch.empty(nbytes, dtype=torch.uint8)
+        quantize_blocks(x, bits=bits, block=256, out=payload)
+        codes, scales = split_payload(payload, x.numel(), bits=bits, block=256)
+        payloads.append((payload, dequantize_blocks(codes, scales, bits=bits, block=256, numel=x.numel())))
+    assert torch.equal(payloads[0][0], payloads[1][0])
+    assert torch.equal(payloads[0][1], payloads[1][1])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
