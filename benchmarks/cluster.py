@@ -362,6 +362,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--zero: sequences per rank per step (default: 4)")
     parser.add_argument("--zero-bits", type=int, choices=(4, 8), default=4,
                         help="--zero: bits of qgZ's gradient codes (default: 4)")
+    parser.add_argument("--zero-profile", metavar="PATH",
+                        help="--zero: rank 0 writes cProfile statistics of each variant's timed steps to PATH.0 "
+                             "(ZeRO-3) and PATH.1 (ZeRO-3 + ZeRO++); read them with python -m pstats")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -379,7 +382,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.zero:
         from . import zeropp_bench
-        job = zeropp_bench.job(steps=args.zero, batch=args.zero_batch, bits=args.zero_bits, lr=1e-3, job_env=JOB_ENV)
+        job = zeropp_bench.job(steps=args.zero, batch=args.zero_batch, bits=args.zero_bits, lr=1e-3, job_env=JOB_ENV,
+                               profile=args.zero_profile and os.path.abspath(args.zero_profile))
         ran = run_job(args.hosts, args.ranks_per_host, rate, job, args.timeout)
         if ran is None:
             return 1

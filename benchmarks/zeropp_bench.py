@@ -16,12 +16,14 @@ hosts: each byte crossing the link leaves exactly one host), over the timed step
 """
 from __future__ import annotations
 
+import cProfile
 import datetime
 import json
 import os
 import statistics
 import sys
 import time
+from typing import Optional
 
 VARIANTS = ("ZeRO-3", "ZeRO-3 + ZeRO++")
 
@@ -80,11 +82,15 @@ def rank_main(job_env: str) -> int:
             model, optimizer = initialize(model, lambda params: torch.optim.Adam(params, lr=job["lr"]), config)
             times, losses = [], []
             tx_before = None
+            profiler = None
             dist.barrier(algorithm="native")
             for step, (x, y) in enumerate(batches):
                 if step == 1:
                     dist.barrier(algorithm="native")
                     tx_before = _link_tx_bytes()
+                    if job.get("profile") and rank == 0:
+                        profiler = cProfile.Profile()
+                        profiler.enable()
                 start = time.perf_counter()
                 loss = loss_fn(model, model(x), y)
                 loss.backward()
@@ -94,6 +100,9 @@ def rank_main(job_env: str) -> int:
                     optimizer.synchronize()
                 times.append(time.perf_counter() - start)
                 losses.append(loss.item())
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(f"{job['profile']}.{VARIANTS.index(variant)}")
             dist.barrier(algorithm="native")
             tx = _link_tx_bytes() - tx_before
             slowest = torch.tensor(times, dtype=torch.float64)
@@ -116,9 +125,10 @@ def rank_main(job_env: str) -> int:
     return 0
 
 
-def job(*, steps: int, batch: int, bits: int, lr: float, job_env: str) -> dict:
-    """What cluster.py's ranks run for ``--zero``: this module's ``rank_main``, reading the job from ``job_env``."""
-    return {"zero_steps": steps, "batch": batch, "bits": bits, "lr": lr,
+def job(*, steps: int, batch: int, bits: int, lr: float, job_env: str, profile: Optional[str] = None) -> dict:
+    """What cluster.py's ranks run for ``--zero``: this module's ``rank_main``, reading the job from ``job_env``.
+    ``profile``: rank 0 writes cProfile statistics of each variant's timed steps to ``profile.0``, ``profile.1``."""
+    return {"zero_steps": steps, "batch": batch, "bits": bits, "lr": lr, "profile": profile,
             "rank_command": [sys.executable, "-m", __name__, "--rank", job_env]}
 
 

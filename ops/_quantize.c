@@ -189,52 +189,64 @@ check_sizes(const char *op, int bits, Py_ssize_t block, Py_ssize_t values_len, P
     return 0;
 }
 
+/* The arguments name memory by address and length in bytes: zerocomm.ops.quantize passes a CPU tensor's
+ * data_ptr() and its size (a tensor exported through numpy's buffer protocol could no longer have its
+ * storage resized, which stage 3 does to every gathered unit). */
+static int
+check_memory(const char *op, Py_ssize_t address, Py_ssize_t len) {
+    if ((address == 0 && len > 0) || len < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: a buffer of %zd bytes at address %zd", op, len, address);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(quantize_doc,
-"quantize(src, codes, scales, bits, block)\n\n"
-"src: float32 buffer; codes, scales: writable buffers (whole blocks of codes, one float32 scale a block).");
+"quantize(src, src_bytes, codes, codes_bytes, scales, scales_bytes, bits, block)\n\n"
+"src: address of float32 elements; codes, scales: addresses to write (whole blocks of codes, one float32\n"
+"scale a block); each with its length in bytes.");
 
 static PyObject *
 py_quantize(PyObject *self, PyObject *args) {
-    Py_buffer src, codes, scales;
+    Py_ssize_t src, src_len, codes, codes_len, scales, scales_len, block, numel;
     int bits;
-    Py_ssize_t block, numel;
-    if (!PyArg_ParseTuple(args, "y*w*w*in", &src, &codes, &scales, &bits, &block)) return NULL;
-    PyObject *result = NULL;
-    if (check_sizes("quantize", bits, block, src.len, codes.len, scales.len, &numel) < 0) goto done;
+    if (!PyArg_ParseTuple(args, "nnnnnnin", &src, &src_len, &codes, &codes_len, &scales, &scales_len, &bits, &block))
+        return NULL;
+    if (check_memory("quantize", src, src_len) < 0 || check_memory("quantize", codes, codes_len) < 0 ||
+        check_memory("quantize", scales, scales_len) < 0 ||
+        check_sizes("quantize", bits, block, src_len, codes_len, scales_len, &numel) < 0)
+        return NULL;
     Py_BEGIN_ALLOW_THREADS
     if (bits == 8)
-        quantize8((const float *)src.buf, numel, block, (int8_t *)codes.buf, (float *)scales.buf);
+        quantize8((const float *)src, numel, block, (int8_t *)codes, (float *)scales);
     else
-        quantize4((const float *)src.buf, numel, block, (uint8_t *)codes.buf, (float *)scales.buf);
+        quantize4((const float *)src, numel, block, (uint8_t *)codes, (float *)scales);
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&src), PyBuffer_Release(&codes), PyBuffer_Release(&scales);
-    return result;
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(dequantize_doc,
-"dequantize(out, codes, scales, bits, block, add)\n\n"
-"out: writable float32 buffer of the elements to decode (a prefix of the blocks'); add: out += decoded.");
+"dequantize(out, out_bytes, codes, codes_bytes, scales, scales_bytes, bits, block, add)\n\n"
+"out: address of the float32 elements to decode (a prefix of the blocks'); add: out += decoded.");
 
 static PyObject *
 py_dequantize(PyObject *self, PyObject *args) {
-    Py_buffer out, codes, scales;
+    Py_ssize_t out, out_len, codes, codes_len, scales, scales_len, block, numel;
     int bits, add;
-    Py_ssize_t block, numel;
-    if (!PyArg_ParseTuple(args, "w*y*y*inp", &out, &codes, &scales, &bits, &block, &add)) return NULL;
-    PyObject *result = NULL;
-    if (check_sizes("dequantize", bits, block, out.len, codes.len, scales.len, &numel) < 0) goto done;
+    if (!PyArg_ParseTuple(args, "nnnnnninp", &out, &out_len, &codes, &codes_len, &scales, &scales_len, &bits,
+                          &block, &add))
+        return NULL;
+    if (check_memory("dequantize", out, out_len) < 0 || check_memory("dequantize", codes, codes_len) < 0 ||
+        check_memory("dequantize", scales, scales_len) < 0 ||
+        check_sizes("dequantize", bits, block, out_len, codes_len, scales_len, &numel) < 0)
+        return NULL;
     Py_BEGIN_ALLOW_THREADS
     if (bits == 8)
-        dequantize8((float *)out.buf, numel, block, (const int8_t *)codes.buf, (const float *)scales.buf, add);
+        dequantize8((float *)out, numel, block, (const int8_t *)codes, (const float *)scales, add);
     else
-        dequantize4((float *)out.buf, numel, block, (const uint8_t *)codes.buf, (const float *)scales.buf, add);
+        dequantize4((float *)out, numel, block, (const uint8_t *)codes, (const float *)scales, add);
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&out), PyBuffer_Release(&codes), PyBuffer_Release(&scales);
-    return result;
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {

@@ -45,9 +45,10 @@ def _load_native():
 NATIVE = _load_native()
 
 
-def _buffer(t: torch.Tensor):
-    """A CPU tensor as a buffer for the C kernels (no copy)."""
-    return t.detach().numpy()
+def _memory(t: torch.Tensor) -> tuple[int, int]:
+    """A contiguous CPU tensor's (address, bytes), as the C kernels take it (numpy's buffer would fix the
+    storage's size, and stage 3 resizes the storage of every unit it gathers)."""
+    return t.data_ptr(), t.numel() * t.element_size()
 
 
 def _qmax(bits: int) -> int:
@@ -138,7 +139,7 @@ def _quantize_native(x: torch.Tensor, bits: int, block: int,
         codes, scales = out[:ncode], out[ncode:].view(torch.float32)
         if bits == 8:
             codes = codes.view(torch.int8)
-    NATIVE.quantize(_buffer(values), _buffer(codes), _buffer(scales), bits, block)
+    NATIVE.quantize(*_memory(values), *_memory(codes), *_memory(scales), bits, block)
     return codes, scales
 
 
@@ -171,11 +172,14 @@ def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, *, bits: int, b
     if out is not None and out.numel() != numel:
         raise ValueError(f"dequantize: out has {out.numel()} elements, expected {numel}")
     if NATIVE is not None and codes.device.type == "cpu":
+        if codes.element_size() != 1:
+            raise ValueError(f"dequantize: codes must be bytes (int8 or uint8), got {codes.dtype}")
+        codes, scales = codes.contiguous(), scales.to(torch.float32).contiguous()
         if out is not None and out.dtype == torch.float32 and out.is_contiguous():
-            NATIVE.dequantize(_buffer(out.view(-1)), _buffer(codes), _buffer(scales), bits, block, add)
+            NATIVE.dequantize(*_memory(out), *_memory(codes), *_memory(scales), bits, block, add)
             return out
         values = torch.empty(numel, dtype=torch.float32)
-        NATIVE.dequantize(_buffer(values), _buffer(codes), _buffer(scales), bits, block, False)
+        NATIVE.dequantize(*_memory(values), *_memory(codes), *_memory(scales), bits, block, False)
         if out is None:
             return values if dtype == torch.float32 else values.to(dtype)
         return out.add_(values.view(out.shape)) if add else out.copy_(values.view(out.shape))

@@ -9,9 +9,10 @@ Three small parts, each plugged into stage 3 (or 2) at one point:
   unit and copies its own chunk exactly.  hpZ: the end of forward's gather also keeps a *secondary shard*
   (this rank's 1/P of the gathered unit, P = ``zero_hpz_partition_size``), and backward gathers the unit
   from the secondary shards of the P ranks of its partition, which share a host: no byte of backward's
-  gathers crosses a host's link.  The values are those forward used (already decoded, for qwZ), so forward
-  and backward see the same weights.  Gathers outside the step (``gathered_parameters``, the persistent unit
-  after the step) stay exact and plain.
+  gathers crosses a host's link.  With qwZ the secondary shard is the codes forward received for its 1/P of
+  the chunks (a quarter of the float32 bytes to keep and to move), decoded as forward decoded them, and the
+  rank's own chunk is again copied exactly: backward computes with bit for bit the weights forward used.
+  Gathers outside the step (``gathered_parameters``, the persistent unit after the step) stay exact and plain.
 * ``QuantizedReduceScatter`` replaces ``reduce_scatter_tensor`` of a gradient bucket (gradients.py) with two
   all_to_alls of int4 (or int8) codes, hierarchically (see the note below).
 * ``HostLayout`` says which ranks share a host (``zerocomm.comm.get_host_names``) and builds the groups the
@@ -20,14 +21,16 @@ Three small parts, each plugged into stage 3 (or 2) at one point:
 [Note: qgZ's hierarchy]
 H hosts of L ranks each, N = H·L; the bucket is N chunks and rank r owns chunk r (the ZeRO layout).  Name a
 rank (h, l): host h, local index l.  Step 1, inside each host: rank (h, l) cuts its bucket into L pieces, piece
-l' = the H chunks owned by the ranks of local index l' ((0, l'), (1, l'), ...), quantizes each piece and
-all_to_alls them in its host.  It then holds, decoded and summed, its host's share of the H chunks owned by
+l' = the H chunks owned by the ranks of local index l' ((0, l'), (1, l'), ...), quantizes each piece (chunk by chunk, each
+chunk its own blocks, read in place from the bucket) and all_to_alls them in its host.  It then holds, decoded and summed, its host's share of the H chunks owned by
 the ranks of local index l.  Step 2, across hosts, among the H ranks of local index l: it quantizes each of
 those H chunks and all_to_alls them, so that chunk (h', l) goes to host h'; it decodes and sums the H
 host-sums of its own chunk and divides by N.  Bytes over a host's link: each rank sends (H-1)/H of 1/L of the
 bucket, at ``bits`` per element plus a scale per block: with L = 2 and int4, 1/16 of a flat fp32 ring
 reduce-scatter's (which crosses a link with (N-1)/N of the bucket per rank).  A rank's own piece is never
-quantized (it does not travel).  Error feedback (``ops.quantize.BlockFeedback``) is not applied: it would keep
+quantized (it does not travel); the others' codes are decoded straight into its sum (``add=True``: one pass,
+no temporary), which for a float32 bucket is the bucket's own rows (the bucket belongs to its reduction until
+that completes, and nothing reads it afterwards).  Error feedback (``ops.quantize.BlockFeedback``) is not applied: it would keep
 a full bucket of error per rank, the memory stage 3 saves; the tests bound the loss against plain ZeRO-3.
 
 [Note: the order of the steps]
@@ -123,30 +126,40 @@ class UnitGathers:
         self.hpz_group, self.hpz_size, self.hpz_rank = hpz_group, hpz_size, hpz_rank
         self.dtype, self.device = dtype, device
         self.secondary: dict = {}
-        """Unit -> this rank's secondary shard (hpZ): 1 / ``hpz_size`` of the unit as forward gathered it."""
+        """Unit -> this rank's secondary shard (hpZ): 1 / ``hpz_size`` of the unit as forward gathered it (with
+        qwZ: the codes of those chunks, as forward received them)."""
         self._fresh: set = set()  # units whose secondary shard holds this step's values
+        self._codes: dict = {}  # unit -> the codes forward's quantized gather brought (hpZ keeps a slice)
         self.gathered_bytes = {"plain": 0, "quantized": 0, "secondary": 0}
         """Bytes this rank received per kind of gather since construction (what each kind costs)."""
 
     def start(self, u: int, target: torch.Tensor, source: torch.Tensor, phase: str):
         """Launch unit ``u``'s gather into ``target``; returns a ``Work`` whose ``wait`` leaves it complete."""
+        if self.quantize and phase in ("forward", "backward") and self.world_size > 1:
+            return self._start_quantized(u, target, source, phase)
         if phase == "backward" and u in self._fresh:
             self.gathered_bytes["secondary"] += target.numel() * target.element_size()
             return dist.all_gather_into_tensor(target, self.secondary[u], group=self.hpz_group, async_op=True,
                                                algorithm=self.algorithm)
-        if self.quantize and phase in ("forward", "backward") and self.world_size > 1:
-            return self._start_quantized(u, target, source)
         self.gathered_bytes["plain"] += target.numel() * target.element_size()
         return dist.all_gather_into_tensor(target, source, group=self.group, async_op=True, algorithm=self.algorithm)
 
-    def _start_quantized(self, u: int, target: torch.Tensor, source: torch.Tensor):
+    def _start_quantized(self, u: int, target: torch.Tensor, source: torch.Tensor, phase: str):
         chunk, block, n = self.layouts[u].chunk_numel, self.block, self.world_size
         record = quantized_nbytes(chunk, WEIGHT_BITS, block)
-        mine = torch.empty(record, dtype=torch.uint8, device=source.device)
-        quantize_blocks(source.reshape(-1), bits=WEIGHT_BITS, block=block, out=mine)
         everyone = torch.empty(n * record, dtype=torch.uint8, device=source.device)
-        self.gathered_bytes["quantized"] += everyone.numel()
-        work = dist.all_gather_into_tensor(everyone, mine, group=self.group, async_op=True, algorithm=self.algorithm)
+        if phase == "backward" and u in self._fresh:  # hpZ: the partition's codes, inside the host
+            work = dist.all_gather_into_tensor(everyone, self.secondary[u], group=self.hpz_group, async_op=True,
+                                               algorithm=self.algorithm)
+            self.gathered_bytes["secondary"] += everyone.numel()
+        else:
+            mine = everyone[self.rank * record:(self.rank + 1) * record]
+            quantize_blocks(source.reshape(-1), bits=WEIGHT_BITS, block=block, out=mine)
+            work = dist.all_gather_into_tensor(everyone, mine, group=self.group, async_op=True,
+                                               algorithm=self.algorithm)
+            self.gathered_bytes["quantized"] += everyone.numel()
+            if phase == "forward" and self.hpz_group is not None:
+                self._codes[u] = everyone  # finished() keeps the partition's slice
 
         def decode():
             for r in range(n):
@@ -162,8 +175,11 @@ class UnitGathers:
 
     def finished(self, u: int, full: torch.Tensor, phase: str, persistent: bool) -> None:
         """Unit ``u``'s gather completed into ``full``: forward's leaves the secondary shard (hpZ)."""
+        codes = self._codes.pop(u, None)
         if self.hpz_group is None or phase != "forward" or persistent:
             return
+        if codes is not None:
+            full = codes  # the records of every rank's chunk, in rank order: the partition's slice of them
         size = full.numel() // self.hpz_size
         piece = full[self.hpz_rank * size:(self.hpz_rank + 1) * size]
         kept = self.secondary.get(u)
@@ -176,6 +192,7 @@ class UnitGathers:
     def invalidate(self) -> None:
         """The step changed the parameters: secondary shards are stale until the next forward's gather."""
         self._fresh.clear()
+        self._codes.clear()
 
     def secondary_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.secondary.values())
@@ -211,7 +228,8 @@ class _Chain:
     def __init__(self, steps: list):
         self._steps = collections.deque(steps)  # (function returning a Work or None, whether it launches one)
         self._work = None
-        self._run(lambda: True)
+        first = iter((True,))
+        self._run(lambda: next(first, False))  # the first step only: the later ones wait for its collective
 
     def _run(self, more: Callable[[], bool]) -> None:
         while self._steps and more():
@@ -252,8 +270,9 @@ class QuantizedReduceScatter:
         self.bits, self.block, self.algorithm = bits, block, algorithm
         self.h, self.l = hosts.host_of[rank], hosts.local_of[rank]
         self.n_hosts, self.n_local = len(hosts.hosts), len(hosts.hosts[0])
-        # piece[l'] = the chunks owned by local index l' on every host, host by host
-        self._piece_chunks = [torch.tensor([ranks[lp] for ranks in hosts.hosts]) for lp in range(self.n_local)]
+        # slot of host h' in this rank's cross-host group (its members in rank order, one per host)
+        members = sorted(ranks[self.l] for ranks in hosts.hosts)
+        self._cross_slot = [members.index(ranks[self.l]) for ranks in hosts.hosts]
         self._latest: Optional[_Chain] = None  # the last chain, whose step 2 may not be launched yet
         self.sent_bytes = {"intra": 0, "cross": 0}
         """Bytes this rank sent to other ranks inside its host and across hosts, since construction."""
@@ -267,60 +286,64 @@ class QuantizedReduceScatter:
             raise ZeroConfigError(f"rank {self.rank}: quantized reduce-scatter of {bucket.numel()} elements into "
                                   f"{c} x {n} ranks")
         chunks = bucket.view(n, c)
-        if self._piece_chunks[0].device != bucket.device:  # index_select wants its index beside the tensor
-            self._piece_chunks = [index.to(bucket.device) for index in self._piece_chunks]
         bits, block, H, L = self.bits, self.block, self.n_hosts, self.n_local
+        hosts, me_h, me_l = self.hosts.hosts, self.h, self.l
+        crec = quantized_nbytes(c, bits, block)  # one chunk's codes and scales
         state: dict = {}
 
+        def quantize_into(send: torch.Tensor, slot: int, row: torch.Tensor) -> None:
+            quantize_blocks(row, bits=bits, block=block, out=send[slot * crec:(slot + 1) * crec])
+
+        def add_decoded(recv: torch.Tensor, slot: int, into: torch.Tensor) -> None:
+            codes, scales = split_payload(recv[slot * crec:(slot + 1) * crec], c, bits=bits, block=block)
+            dequantize_blocks(codes, scales, bits=bits, block=block, numel=c, out=into, add=True)
+
         def intra_launch():
+            # this rank's piece: the chunks owned by local index l on every host, summed where they lie
+            rows = [chunks[ranks[me_l]] for ranks in hosts]
+            state["rows"] = rows if bucket.dtype == torch.float32 else [row.to(torch.float32) for row in rows]
             if L == 1:
-                state["partial"] = chunks.index_select(0, self._piece_chunks[0]).to(torch.float32)
                 return None
-            rec = quantized_nbytes(H * c, bits, block)
-            send = torch.empty(L * rec, dtype=torch.uint8, device=bucket.device)
+            send = torch.empty(L * H * crec, dtype=torch.uint8, device=bucket.device)
             for lp in range(L):
-                piece = chunks.index_select(0, self._piece_chunks[lp]).reshape(-1)  # a fresh copy
-                if lp == self.l:
-                    state["own"] = piece  # never travels: summed exactly
-                else:
-                    quantize_blocks(piece, bits=bits, block=block, out=send[lp * rec:(lp + 1) * rec])
-            state.update(rec=rec, recv=torch.empty_like(send))
-            self.sent_bytes["intra"] += (L - 1) * rec
+                if lp != me_l:
+                    for hp in range(H):
+                        quantize_into(send, lp * H + hp, chunks[hosts[hp][lp]])
+            state["recv"] = torch.empty_like(send)
+            self.sent_bytes["intra"] += (L - 1) * H * crec
             return dist.all_to_all_single(state["recv"], send, group=self.intra_group, async_op=True,
                                           algorithm=algorithm or self.algorithm)
 
         def cross_launch():
+            rows = state["rows"]
             if L > 1:
-                partial = state.pop("own").to(torch.float32)  # the copy index_select made (or a cast)
-                recv, rec = state.pop("recv"), state["rec"]
+                recv = state.pop("recv")
                 for j in range(L):
-                    if j != self.l:
-                        codes, scales = split_payload(recv[j * rec:(j + 1) * rec], H * c, bits=bits, block=block)
-                        partial += dequantize_blocks(codes, scales, bits=bits, block=block, numel=H * c)
-                state["partial"] = partial.view(H, c)
+                    if j != me_l:
+                        for hp in range(H):
+                            add_decoded(recv, j * H + hp, rows[hp])
             if H == 1:
                 return None
-            rows = state["partial"]
-            rec = quantized_nbytes(c, bits, block)
-            send = torch.empty(H * rec, dtype=torch.uint8, device=bucket.device)
+            send = torch.empty(H * crec, dtype=torch.uint8, device=bucket.device)
             for hp in range(H):
-                if hp != self.h:
-                    quantize_blocks(rows[hp], bits=bits, block=block, out=send[hp * rec:(hp + 1) * rec])
-            state.update(rec2=rec, recv2=torch.empty_like(send))
-            self.sent_bytes["cross"] += (H - 1) * rec
+                if hp != me_h:
+                    quantize_into(send, self._cross_slot[hp], rows[hp])
+            state["recv2"] = torch.empty_like(send)
+            self.sent_bytes["cross"] += (H - 1) * crec
             return dist.all_to_all_single(state["recv2"], send, group=self.cross_group, async_op=True,
                                           algorithm=algorithm or self.algorithm)
 
         def finish():
-            rows = state.pop("partial")
-            total = rows[self.h].clone()
+            total = state.pop("rows")[me_h]
             if H > 1:
-                recv, rec = state.pop("recv2"), state["rec2"]
+                recv = state.pop("recv2")
                 for hp in range(H):
-                    if hp != self.h:
-                        codes, scales = split_payload(recv[hp * rec:(hp + 1) * rec], c, bits=bits, block=block)
-                        total += dequantize_blocks(codes, scales, bits=bits, block=block, numel=c)
-            out.copy_(total.div_(n))
+                    if hp != me_h:
+                        add_decoded(recv, self._cross_slot[hp], total)
+            if out.dtype == torch.float32:
+                torch.div(total, n, out=out)
+            else:
+                out.copy_(total.div_(n))
             return None
 
         if self._latest is not None:

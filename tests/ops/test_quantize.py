@@ -226,3 +226,12 @@ def test_cuda_codes_equal_the_cpu_codes(bits):
     assert torch.equal(gpu_codes.cpu(), codes) and torch.equal(gpu_scales.cpu(), scales)
     decoded = dequantize_blocks(gpu_codes, gpu_scales, bits=bits, block=256, numel=10_000)
     assert torch.equal(decoded.cpu(), dequantize_blocks(codes, scales, bits=bits, block=256, numel=10_000))
+
+
+def test_the_kernels_leave_storage_resizable():
+    """Stage 3 frees a gathered unit by resizing its storage to 0 bytes: decoding into it must not pin its size."""
+    full = torch.zeros(64)
+    codes, scales = quantize_blocks(full[:32], bits=8, block=16)
+    dequantize_blocks(codes, scales, bits=8, block=16, numel=32, out=full[32:])
+    full.untyped_storage().resize_(0)
+    assert full.untyped_storage().nbytes() == 0

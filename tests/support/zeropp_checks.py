@@ -8,6 +8,7 @@ import os
 import numpy as np
 import torch
 
+from zerocomm.ops.quantize import quantized_nbytes
 from zerocomm.zero import ZeroConfig, ZeroConfigError, initialize
 from zerocomm.zero.zeropp import HostLayout, UnitGathers, build_quantized_reduce_scatter
 
@@ -35,7 +36,11 @@ def _summary(run: dict) -> dict:
            "sent": dict(getattr(quantized, "sent_bytes", {}))}
     out["expected_secondary"] = 0
     if gathers is not None and gathers.hpz_group is not None:
-        out["expected_secondary"] = sum(layout.padded_numel // gathers.hpz_size * 4
+        def secondary(layout) -> int:  # qwZ keeps the codes of its 1/P of the chunks, hpZ alone the float32 values
+            if gathers.quantize:
+                return layout.world_size // gathers.hpz_size * quantized_nbytes(layout.chunk_numel, 8, gathers.block)
+            return layout.padded_numel // gathers.hpz_size * 4
+        out["expected_secondary"] = sum(secondary(layout)
                                         for layout, unit in zip(optimizer.layouts, optimizer.parameters.units)
                                         if not unit.persistent)
     optimizer.remove_hooks()
@@ -101,8 +106,8 @@ def _np_hierarchical(buckets: list, hosts: list, bits: int, block: int) -> list:
             owners = [hr[l] for hr in hosts]
             total = np.concatenate([chunk(me, o) for o in owners]).astype(np.float32)
             for j in range(L):
-                if j != l:
-                    total = total + _np_quantize(np.concatenate([chunk(ranks[j], o) for o in owners]), bits, block)
+                if j != l:  # each chunk is quantized in blocks of its own
+                    total = total + np.concatenate([_np_quantize(chunk(ranks[j], o), bits, block) for o in owners])
             partial[me] = total.reshape(len(hosts), c)
     for h, ranks in enumerate(hosts):
         for l, me in enumerate(ranks):
