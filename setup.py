@@ -15,7 +15,6 @@ EXTENSIONS = [
     Extension("zerocomm.comm.backends._mpifast", ["comm/backends/_mpifast.c", "comm/backends/_mpicheck.c"],
               depends=["comm/backends/_mpifast.h"], extra_compile_args=["-O2"], optional=True),
     Extension("zerocomm.comm._shmfast", ["comm/_shmfast.c"], extra_compile_args=C_FLAGS, optional=True),
-    Extension("zerocomm.comm._shortpath", ["comm/_shortpath.c"], extra_compile_args=["-O2"], optional=True),
 ]
 
 setup(ext_modules=EXTENSIONS)

@@ -17,7 +17,8 @@ from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .process_group import (GroupMember, configure, destroy_process_group, get_backend, get_default_algorithm,
                             get_global_rank, get_group_rank, get_rank, get_world_size, group,
                             init_process_group,
-                            is_available, is_initialized, new_group, set_default_algorithm, which_algorithm)
+                            is_available, is_initialized, new_group, new_subgroups, new_subgroups_by_enumeration,
+                            set_default_algorithm, which_algorithm)
 from .reduce_op import ReduceOp
 from .shm_heap import shared_empty
 from .work import Work
@@ -34,7 +35,7 @@ ProcessGroup = c10d.td.ProcessGroup
 __all__ = [
     # torch.distributed's surface
     "init_process_group", "destroy_process_group", "is_initialized", "is_available", "get_rank",
-    "get_world_size", "get_backend", "new_group", "get_global_rank", "get_group_rank", "barrier", "broadcast",
+    "get_world_size", "get_backend", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "get_global_rank", "get_group_rank", "barrier", "broadcast",
     "scatter", "reduce", "all_reduce", "gather", "all_gather", "all_gather_into_tensor", "reduce_scatter",
     "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single", "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv", "P2POp",
     "batch_isend_irecv", "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",

@@ -12,8 +12,8 @@
  * arrive word and wakes a peer sleeping on it (FUTEX_WAKE, as Arena.sync does).  Then it waits for every
  * peer's arrive word to reach `step` for at most SPIN_S, yielding the core between looks and with the
  * GIL released.  When all arrived it goes on as combine (below) and returns combine's answer (0 or 1);
- * else it returns 2: the caller waits on (Arena._wait_for: the deadline, the sleep on the futex and the
- * peers' liveness stay in Python), then calls combine.
+ * else it returns 2: the caller then calls settle (below) until it answers, checking its deadline and the
+ * late peers' liveness between slices (in Python).
  *
  * combine(base, line, n, rank, buf, slot_bytes, step, data, nelem, kind, op, digest_word, digest) (the
  * same arguments; step unused), once every peer arrived: returns 1 (nothing written) if some peer's
@@ -21,7 +21,8 @@
  * as the numpy path does — two ranks: data op= peer's slot; more: slot 0 op slot 1, then op each further
  * slot in rank order — so every rank ends with the same bits, and the same bits as the fallback's (ints
  * wrap; min/max propagate NaN like numpy.minimum/maximum; avg is the sum divided by n), and returns 0.
- * kind: 0 float32, 1 float64, 2 int32, 3 int64.  op: 0 sum, 1 avg, 2 product, 3 min, 4 max, 5 band,
+ * kind: 0 float32, 1 float64, 2 int32, 3 int64; 4 bytes, with op 8 (GATHER): every rank's nelem bytes at
+ * data + rank * nelem are copied into data + p * nelem of every rank p (an all_gather round).  op: 0 sum, 1 avg, 2 product, 3 min, 4 max, 5 band,
  * 6 bor, 7 bxor (comm/algorithms/shm.py's FAST_KINDS and FAST_OPS; bitwise ops and ints only where the
  * caller admits them).
  */
@@ -33,7 +34,9 @@
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -126,7 +129,10 @@ static int combine_kind(int kind, void *out, const void *x, const void *y, Py_ss
 }
 
 #define NARGS 13
-#define SIZE_OF(kind) ((kind) == 0 || (kind) == 2 ? 4 : 8)
+#define SIZE_OF(kind) ((kind) == 4 ? 1 : (kind) == 0 || (kind) == 2 ? 4 : 8)
+/* op GATHER with kind 4 (bytes): every rank's nelem bytes at data + rank * nelem go through its slot into
+ * data + p * nelem on every rank (an all_gather round) instead of being reduced. */
+#define GATHER 8
 
 /* Compare the digests and reduce (combine's work); 0, 1, or -1 with an exception set. */
 static int finish(const long long *a) {
@@ -139,6 +145,12 @@ static int finish(const long long *a) {
         for (Py_ssize_t p = 0; p < n; p++)
             if (p != rank && ((int64_t *)(base + p * line))[digest_word] != (int64_t)a[12])
                 return 1;
+    if (op == GATHER) {
+        for (Py_ssize_t p = 0; p < n; p++)
+            if (p != rank)
+                memcpy((char *)data + p * m, buf + p * slot_bytes, m);
+        return 0;
+    }
     int bad;
     if (n == 2) {
         bad = combine_kind(kind, data, data, buf + (1 - rank) * slot_bytes, m, op);
@@ -167,11 +179,13 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     char *base = (char *)(intptr_t)a[0], *buf = (char *)(intptr_t)a[4];
     Py_ssize_t line = a[1], n = a[2], rank = a[3], slot_bytes = a[5];
     uint32_t step = (uint32_t)a[6];
-    if (a[9] < 0 || a[9] > 3) {
-        PyErr_Format(PyExc_ValueError, "post: unknown kind %lld", a[9]);
+    if (a[9] < 0 || a[9] > 4 || (a[9] == 4) != (a[10] == GATHER) || a[8] * SIZE_OF(a[9]) > slot_bytes) {
+        PyErr_Format(PyExc_ValueError, "post: kind %lld with op %lld and %lld elements is not a round", a[9], a[10],
+                     a[8]);
         return NULL;
     }
-    memcpy(buf + rank * slot_bytes, (const void *)(intptr_t)a[7], a[8] * SIZE_OF(a[9]));
+    const char *mine_in = (const char *)(intptr_t)a[7] + (a[10] == GATHER ? rank * a[8] : 0);
+    memcpy(buf + rank * slot_bytes, mine_in, a[8] * SIZE_OF(a[9]));
     if (a[11] >= 0)
         ((int64_t *)(base + rank * line))[a[11]] = (int64_t)a[12];
     uint32_t *mine = arrive_word(base, line, rank);
@@ -194,6 +208,51 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return done ? answer(finish(a)) : PyLong_FromLong(2);
 }
 
+/* settle(<post's arguments>, slice_s): after post answered 2, sleep on the futex of a peer that has not
+ * arrived (marking it `sleeping`, as Arena._wait_for does) until every peer reached `step` or slice_s passed,
+ * with the GIL released; then combine.  Returns combine's answer, or 2 when the slice ran out: the caller
+ * checks its deadline and the late peers' liveness and calls again. */
+static PyObject *settle(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[NARGS];
+    if (nargs != NARGS + 1) {
+        PyErr_Format(PyExc_TypeError, "settle takes %d arguments (%zd given)", NARGS + 1, nargs);
+        return NULL;
+    }
+    if (ints(args, NARGS, NARGS, a, "settle") < 0)
+        return NULL;
+    double slice_s = PyFloat_AsDouble(args[NARGS]);
+    if (slice_s == -1.0 && PyErr_Occurred())
+        return NULL;
+    char *base = (char *)(intptr_t)a[0];
+    Py_ssize_t line = a[1], n = a[2], rank = a[3];
+    uint32_t step = (uint32_t)a[6];
+    int done = 0;
+    Py_BEGIN_ALLOW_THREADS
+    double until = now_s() + slice_s;
+    for (;;) {
+        Py_ssize_t late = -1;
+        for (Py_ssize_t p = 0; p < n && late < 0; p++)
+            if (p != rank && !reached(base, line, p, step))
+                late = p;
+        if (late < 0) {
+            done = 1;
+            break;
+        }
+        double left = until - now_s();
+        if (left <= 0)
+            break;
+        uint32_t *word = arrive_word(base, line, late);
+        __atomic_store_n(word + 1, 1, __ATOMIC_SEQ_CST);  /* `sleeping`: the peer wakes us when it arrives */
+        uint32_t seen = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+        if (((seen - step) & STEP_MASK) < 0x80000000u)
+            continue;
+        struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+        syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
+    }
+    Py_END_ALLOW_THREADS
+    return done ? answer(finish(a)) : PyLong_FromLong(2);
+}
+
 static PyObject *combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long a[NARGS];
     if (ints(args, nargs, NARGS, a, "combine") < 0)
@@ -201,9 +260,32 @@ static PyObject *combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return answer(finish(a));
 }
 
+/* cross(write, pid, remote, local, nbytes): process_vm_writev (write true) or process_vm_readv of nbytes between
+ * this process's address `local` and `remote` in process pid, with the GIL released; the bytes moved, or -errno. */
+static PyObject *cross(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[5];
+    if (ints(args, nargs, 5, a, "cross") < 0)
+        return NULL;
+    struct iovec local = {(void *)(intptr_t)a[3], (size_t)a[4]}, remote = {(void *)(intptr_t)a[2], (size_t)a[4]};
+    ssize_t done = 0;
+    int error = 0;
+    if (a[4] > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        done = a[0] ? process_vm_writev((pid_t)a[1], &local, 1, &remote, 1, 0)
+                    : process_vm_readv((pid_t)a[1], &local, 1, &remote, 1, 0);
+        error = errno;
+        Py_END_ALLOW_THREADS
+    }
+    return PyLong_FromSsize_t(done >= 0 ? done : -error);
+}
+
 static PyMethodDef methods[] = {
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL,
      "Copy in, arrive, spin briefly for the peers, then combine: 0, 1 (mismatch) or 2 (wait; see the note)."},
+    {"settle", (PyCFunction)(void (*)(void))settle, METH_FASTCALL,
+     "After post answered 2: sleep until every peer arrived or slice_s passed, then combine: 0, 1 or 2."},
+    {"cross", (PyCFunction)(void (*)(void))cross, METH_FASTCALL,
+     "cross(write, pid, remote, local, nbytes): process_vm_writev/readv; the bytes moved, or -errno."},
     {"combine", (PyCFunction)(void (*)(void))combine, METH_FASTCALL,
      "Compare digests and reduce every slot into data: 0, or 1 on a digest mismatch (see the module note)."},
     {NULL, NULL, 0, NULL},

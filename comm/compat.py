@@ -7,9 +7,9 @@ Three kinds of names live here:
   functions (which read ``TORCH_DISTRIBUTED_DEBUG`` exactly as torch does), rendezvous;
 * queries answered from zerocomm's groups: ``get_process_group_ranks``, ``get_pg_count``,
   ``get_backend_config``, ``is_*_available``;
-* calls built from zerocomm's public collectives (each collective still goes through
-  validate → ``Group.run``; nothing here moves a byte itself): the coalesced collectives,
-  ``monitored_barrier``, ``new_subgroups``, ``send_object_list``/``recv_object_list``.
+* calls built from zerocomm's public collectives (each collective still goes through its plan
+  and ``Group.run``; nothing here moves a byte itself): the coalesced collectives,
+  ``monitored_barrier``, ``send_object_list``/``recv_object_list``.
 
 Names of torch.distributed that zerocomm does not provide are listed, with the reason, in
 docs/migrating-from-torch-distributed.md; ``tests/comm/test_api_walk.py`` keeps that true.
@@ -37,10 +37,8 @@ from torch.distributed import GroupName, RankType, default_pg_timeout  # noqa: F
 from torch.distributed import BuiltinCommHookType, GradBucket  # noqa: F401
 
 from . import p2p, torch_events, validate
-from .api import _profiling
 from .errors import CommError, CommTimeoutError, InvalidArgumentError
 from .group import NON_GROUP_MEMBER, WORLD, Group
-from .process_group import new_group
 from .reduce_op import ReduceOp
 from .validate import resolve_group
 from .work import Work
@@ -122,57 +120,6 @@ def _rank_not_in_group(group) -> bool:
     return group is NON_GROUP_MEMBER
 
 
-# -- subgroups ---------------------------------------------------------------------------------------
-
-def new_subgroups(group_size=None, group=None, timeout=None, backend=None, pg_options=None, group_desc=None):
-    """Split ``group`` (the default one if None) into consecutive subgroups of ``group_size`` ranks.
-
-    Returns ``(this rank's subgroup, every subgroup)``; every process of the world calls it.
-    """
-    parent = resolve_group(group, "new_subgroups")
-    if group_size is None:
-        if not torch.cuda.is_available():
-            raise ValueError("Default group size only takes effect when CUDA is available."
-                             "If your subgroup using a backend that does not depend on CUDA,"
-                             "please pass in 'group_size' correctly.")
-        group_size = torch.cuda.device_count()
-    if group_size <= 0:
-        raise ValueError(f"The arg 'group_size' ({group_size}) must be positive")
-    ranks = parent.ranks
-    if group_size > len(ranks):
-        raise ValueError(f"The arg 'group_size' ({group_size}) must not exceed the world size ({len(ranks)})")
-    if len(ranks) % group_size != 0:
-        raise ValueError(f"The world size ({len(ranks)}) must be divisible by 'group_size={group_size}'")
-    lists = [ranks[start:start + group_size] for start in range(0, len(ranks), group_size)]
-    return new_subgroups_by_enumeration(lists, timeout, backend, pg_options, group_desc)
-
-
-def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None, pg_options=None,
-                                 group_desc=None):
-    """One subgroup per list of global ranks; returns ``(this rank's subgroup or None, every subgroup)``.
-
-    Every process of the world calls it with the same lists.  A rank may appear in one list only.
-    """
-    if ranks_per_subgroup_list is None or len(ranks_per_subgroup_list) == 0:
-        raise ValueError("The arg 'ranks_per_subgroup_list' cannot be empty")
-    me = WORLD.require("new_subgroups_by_enumeration").my_global_rank
-    seen = {}
-    current = None
-    subgroups = []
-    for index, ranks in enumerate(ranks_per_subgroup_list):
-        for rank in ranks:
-            if rank in seen:
-                raise ValueError(f"Rank {rank} has appeared in both subgroup {ranks_per_subgroup_list[seen[rank]]} "
-                                 f"and {list(ranks)}")
-            seen[rank] = index
-        subgroup = new_group(ranks=ranks, timeout=timeout, backend=backend, pg_options=pg_options,
-                             group_desc=group_desc)
-        subgroups.append(subgroup)
-        if me in ranks:
-            current = subgroup
-    return current, subgroups
-
-
 # -- coalesced collectives -----------------------------------------------------------------------------
 
 def _then(works: List[Work], finish, description: str, outputs) -> Work:
@@ -199,7 +146,7 @@ def _then(works: List[Work], finish, description: str, outputs) -> Work:
 def _issue(calls, title: str, inputs) -> List[Work]:
     """Run checked async ``calls`` of one group in order; under torch's profiler as one event, as torch's
     gloo records a coalesced call (see torch_events.py)."""
-    if _profiling():
+    if torch.autograd._profiler_enabled():
         return torch_events.run_all(calls, title, inputs)
     return [call.group.run(call) for call in calls]
 
@@ -224,7 +171,7 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = 
                 t.copy_(flat[offset:offset + t.numel()].view(t.shape))
                 offset += t.numel()
 
-    calls = [validate.all_reduce(flat, op, g, True, None, None, None) for flat, _ in flats]
+    calls = [validate.all_reduce(flat, op, g, True, None, None, None, validate.RECORD) for flat, _ in flats]
     works = _issue(calls, "all_reduce", tensors)
     if async_op:
         return _then(works, finish, "all_reduce_coalesced", list(tensors))
@@ -266,7 +213,7 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
                 out.copy_(gathered[offset:offset + t.numel()].view(out.shape))
                 offset += t.numel()
 
-    work, = _issue([validate.all_gather_into_tensor(gathered, flat, g, True, None)], "all_gather",
+    work, = _issue([validate.all_gather_into_tensor(gathered, flat, g, True, None, validate.RECORD)], "all_gather",
                    input_tensor_list)
     if async_op:
         return _then([work], finish, collective, [t for ts in output_tensor_lists for t in ts])
@@ -376,6 +323,6 @@ __all__ = [
     "BuiltinCommHookType", "GradBucket",
     "is_gloo_available", "is_mpi_available", "is_nccl_available", "is_ucc_available", "is_xccl_available",
     "is_backend_available", "get_process_group_ranks", "get_pg_count", "get_backend_config", "get_node_local_rank",
-    "new_subgroups", "new_subgroups_by_enumeration", "all_reduce_coalesced", "all_gather_coalesced",
+    "all_reduce_coalesced", "all_gather_coalesced",
     "monitored_barrier", "send_object_list", "recv_object_list", "NON_GROUP_MEMBER",
 ]

@@ -6,11 +6,11 @@ backend's native collectives are matched by order, not by tag.  So every collect
 of a group, whatever its algorithm, runs in the order the caller issued it: a call
 takes its tag (a per-group sequence number) under the same lock that queues it.  A
 blocking call made while nothing is queued or running runs inline on the caller's
-thread, holding that lock (no thread hop: the short path of a small call).  An asynchronous
-call of a native collective that the backend runs asynchronously by itself (``Backend.ISSUE``:
-gloo's and NCCL's) is issued to the backend directly under the same condition, and its
-``IssuedWork`` waits on the backend's own request: the backend keeps the order of what it was
-given.  Anything else -- a schedule written in Python, or any call while something is queued or
+thread, holding that lock (no thread hop).  An asynchronous call of a native collective that
+the backend runs asynchronously by itself (``Backend.ISSUE``: gloo's and NCCL's) is issued to the
+backend directly under the same condition, and its ``IssuedWork`` waits on the backend's own
+request: the backend keeps the order of what it was given.  So does an asynchronous all_reduce
+small enough to ride in its mismatch check's round (``check.in_segment``): done at issue.  Anything else -- a schedule written in Python, or any call while something is queued or
 running -- goes to the group's executor thread, through a bounded queue (a caller that gets too
 far ahead waits, within its deadline), so that no call overtakes one issued before it.
 Point-to-point calls by the user do not go through here: they carry the user's tag, below
@@ -29,19 +29,11 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import select, shm
-from .algorithms import ALGORITHM_NAMES
+from . import check, shm
 from .config import CommConfig
-from .reduce_op import ReduceOp
 from .errors import CollectiveMismatchError, CommError, CommTimeoutError, NotInitializedError, PeerError
-from .group_methods import ProcessGroupMethods
-from .transport import AGREE_AND_REDUCED, USER_TAG_LIMIT, Backend, PeerFailure
+from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import IssuedWork, Work
-
-try:
-    from . import _shortpath  # the riding case of the short path in C, optional (see short_all_reduce)
-except ImportError:
-    _shortpath = None
 
 #: The deadline of a group created without one (``CommConfig.timeout_s``'s default; see docs/failures.md).
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=CommConfig().timeout_s)
@@ -50,20 +42,8 @@ DEFAULT_TIMEOUT = datetime.timedelta(seconds=CommConfig().timeout_s)
 #: than could ever be in flight at once, and below MPICH's 2**29 - 1 tag bound.
 _TAG_SPAN = (1 << 28) - USER_TAG_LIMIT
 
-_profiler_enabled = torch.autograd._profiler_enabled
 
-#: A check digest is kept to 62 bits, so that it and its negation fit an int64.
-_DIGEST_MASK = (1 << 62) - 1
-
-
-def digest(tag: int, numel: int, cell_code: int) -> int:
-    """The mismatch check's hash of one call: its tag (the group's sequence number), its element count and
-    its cell (``hash`` of ``validate.fingerprint_cell``: collective, op, dtype, root, algorithm as small
-    ints, so the hash is the same in every process).  The short and the full path both use this one."""
-    return hash((tag, numel, cell_code)) & _DIGEST_MASK
-
-
-class Group(ProcessGroupMethods):
+class Group:
     """A set of processes that run collectives together.
 
     Attributes:
@@ -90,14 +70,10 @@ class Group(ProcessGroupMethods):
         self.name = name
         self.my_global_rank = self.ranks[rank]
         self.handle = None
-        #: (collective, dtype, op, requested algorithm) -> (algorithm, function), for cells whose choice does
-        #: not depend on the size (see ``validate.choose_algorithm``).
-        self.choices: Dict[tuple, tuple] = {}
-        #: (requested algorithm, dtype) -> rows ``(most elements, function, check or None)`` of blocking SUM
-        #: all_reduce cells that may take the short path (see ``short_all_reduce``); filled by ``short_path.remember``,
-        #: emptied when the configuration changes.
-        self.short: Dict[tuple, tuple] = {}
-        self.short_segment_bytes = 0
+        #: The plans of this group's cells (``plan.py``), by cell; emptied by :meth:`forget_plans`.
+        self.plans: Dict[tuple, object] = {}
+        #: The configuration's segment size, read once per configuration (``World.config``).
+        self.segment_bytes = WORLD.config.segment_bytes
         #: The backend's native function -> its asynchronous form (``Backend.ISSUE``): an ``async_op`` call whose
         #: function is a key is issued directly (see ``run``).
         self.issuers: Dict = {self.backend_type.NATIVE[name]: issue for name, issue in self.backend_type.ISSUE.items()}
@@ -140,10 +116,16 @@ class Group(ProcessGroupMethods):
     def __repr__(self) -> str:
         return f"<zerocomm Group {self.name} ranks={self.ranks} backend={self.backend}>"
 
+    def forget_plans(self) -> None:
+        """Drop this group's plans (its configuration or topology changed, or it is destroyed): the next call of
+        each cell takes the full checks and makes its plan again."""
+        self.plans.clear()
+        for key in [key for key, plan in WORLD.plans.items() if plan.group is self]:
+            del WORLD.plans[key]
+
     # -- running checked calls -----------------------------------------------------------
     def run(self, call) -> Optional[Work]:
-        """Run ``call`` (a ``validate.Call``) in this group's order; return a ``Work`` if ``call.async_op``."""
-        on_worker = self._worker_ident == get_ident()
+        """Run ``call`` (a ``plan.Call``) in this group's order; return a ``Work`` if ``call.async_op``."""
         # Observers (byte counters, the profiler) see the calls issued while they are registered.
         observers = tuple(WORLD.observers) if WORLD.observers else ()
         issued_s = time.perf_counter() if observers else 0.0  # an observed call's record shows its queueing
@@ -163,16 +145,19 @@ class Group(ProcessGroupMethods):
             # call issued after it can be queued before it ends.  A blocking call made on the executor
             # thread itself (from a Work's future callback) runs inline too: queueing it behind the task
             # that is making the call would wait forever.
-            if not call.async_op and (self._pending == 0 or on_worker):
+            if not call.async_op and (self._pending == 0 or self._worker_ident == get_ident()):
                 self.execute(call, tag, observers, issued_s)
                 return None
             # A native call its backend runs asynchronously by itself is issued to it directly, here, when
-            # nothing is queued or running (so it overtakes no call of this group): no executor thread.
+            # nothing is queued or running (so it overtakes no call of this group): no executor thread.  So
+            # is an all_reduce that rides in its check's round: done at issue.
             if call.async_op and self._pending == 0 and not observers:
+                if call.ride is not None:
+                    return self._issue(call, tag, None)
                 issue = self.issuers.get(call.function)
-                if issue is not None and call.options is None and not _profiler_enabled():
+                if issue is not None and call.options is None:
                     return self._issue(call, tag, issue)
-            future = self._enqueue(call, tag, on_worker, observers, issued_s)
+            future = self._enqueue(call, tag, self._worker_ident == get_ident(), observers, issued_s)
         work = Work(f"{call.collective} on {self.describe()}", future, call.outputs, self)
         if call.async_op:
             return work
@@ -185,15 +170,17 @@ class Group(ProcessGroupMethods):
         seconds = self._timeout_s if call.timeout is None else call.timeout
         start = time.monotonic()
         deadline = start + seconds
-        config = WORLD.config
         try:
             try:
-                if (config.debug or config.check) and self.communicator.size > 1:
-                    from .validate import cross_check  # validate imports this module: a late import
-                    if cross_check(call, tag, deadline, config.debug):  # the all_reduce rode in the check
-                        return IssuedWork(call, self, None, None, start, seconds)
+                checker = call.checker
+                if checker is not None and checker(call, tag, deadline):  # the all_reduce rode in the check
+                    return IssuedWork(call, self, None, None, start, seconds)
+                if issue is None:  # a riding call whose check did not carry it after all: it runs now
+                    call.function(self.communicator, *call.args, tag=tag, deadline=deadline,
+                                  segment_bytes=self.segment_bytes)
+                    return IssuedWork(call, self, None, None, start, seconds)
                 request, after = issue(self.communicator, *call.args, tag=tag, deadline=deadline,
-                                       segment_bytes=config.segment_bytes)
+                                       segment_bytes=self.segment_bytes)
             except TimeoutError as error:
                 raise self._timed_out(call.collective, seconds, error, start) from None
             except PeerFailure as failure:
@@ -249,27 +236,25 @@ class Group(ProcessGroupMethods):
         seconds = self._timeout_s if call.timeout is None else call.timeout
         start = time.monotonic()
         deadline = start + seconds
-        config = WORLD.config
         try:
-            # The default check: one backend round trip; for "shm" calls it is armed here and rides in the
-            # call's first sync through the segment (settled below if the call never synced).
-            if (config.debug or config.check) and self.communicator.size > 1:  # a group of one has no peer to differ
-                from .validate import cross_check  # validate imports this module: a late import
-                if cross_check(call, tag, deadline, config.debug):  # the all_reduce rode in the check
-                    call = call._replace(function=_already_done)
-            if observers:
+            # The mismatch check wraps the call (check.py): a round of its own before the call, or, for an "shm"
+            # call, armed here and compared in the call's first sync (settled below if the call never synced).
+            checker = call.checker
+            if checker is not None and checker(call, tag, deadline):  # the all_reduce rode in the check
+                if observers:  # they still see the call
+                    from .traffic import run_observed
+                    run_observed(observers, call._replace(function=_already_done), tag, deadline, self.segment_bytes,
+                                 issued_s)
+            elif observers:
                 from .traffic import run_observed
-                run_observed(observers, call, tag, deadline, config.segment_bytes, issued_s)
-            elif _profiler_enabled():
-                with torch.profiler.record_function(f"zerocomm::{call.collective}:{call.algorithm}"):
-                    self._call(call, tag, deadline, config.segment_bytes)
+                run_observed(observers, call, tag, deadline, self.segment_bytes, issued_s)
             elif call.options is None:  # the common case, without a further Python call
                 call.function(self.communicator, *call.args, tag=tag, deadline=deadline,
-                              segment_bytes=config.segment_bytes)
+                              segment_bytes=self.segment_bytes)
             else:
-                self._call(call, tag, deadline, config.segment_bytes)
-            if call.algorithm == "shm":
-                shm.settle(self.communicator, deadline)
+                self._call(call, tag, deadline, self.segment_bytes)
+            if checker is check.in_first_sync:
+                check.settle(call, deadline)
         except TimeoutError as error:
             raise self._timed_out(call.collective, seconds, error, start) from None
         except PeerFailure as failure:
@@ -283,9 +268,8 @@ class Group(ProcessGroupMethods):
     def _mismatched(self, collective: str, fingerprint: tuple, deadline: float, seconds: float, start: float):
         """An "shm" call's check failed in its first sync, on every rank at once: every rank all-gathers the
         fingerprints over the backend to raise ``CollectiveMismatchError`` naming the ranks that differ."""
-        from .validate import name_mismatch  # the rare path: a late import
         try:
-            name_mismatch(self, fingerprint, deadline)
+            check.name_mismatch(self, fingerprint, deadline)
         except TimeoutError as error:
             raise self._timed_out(collective, seconds, error, start) from None
         except CollectiveMismatchError as error:
@@ -397,7 +381,7 @@ class Group(ProcessGroupMethods):
                                                f"{self.describe()} was cancelled: the group was destroyed first"))
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout=min(self.timeout.total_seconds(), 10.0))
-        self.short.clear()
+        self.forget_plans()
         communicator, self.communicator = self.communicator, None
         communicator.close(abandon=self.failure is not None)
 
@@ -431,9 +415,8 @@ class World:
         self._config: Optional[CommConfig] = None
         #: Call observers (byte counters, the profiler); see ``traffic.py``.
         self.observers: list = []
-        #: Whether some group's short path has a riding row (``Backend.rider``): the public all_reduce then
-        #: enters the short path through ``ride_all_reduce`` (see ``short_all_reduce``).
-        self.rides = False
+        #: Plans by the arguments a public function was passed (``api.py``'s keys; ``plan.py``).
+        self.plans: dict = {}
 
     @property
     def config(self) -> CommConfig:
@@ -445,8 +428,10 @@ class World:
     @config.setter
     def config(self, value: CommConfig) -> None:
         self._config = value
+        self.plans.clear()
         for group in self.groups.values():
-            group.short.clear()  # its cells were checked against the configuration they replace
+            group.plans.clear()  # its cells were planned under the configuration this one replaces
+            group.segment_bytes = value.segment_bytes
 
     def require(self, what: str) -> Group:
         if self.default is None:
@@ -462,132 +447,8 @@ class World:
         self.groups.clear()
         self.group_count = 0
         self._config = None
-        self.rides = False
+        self.plans.clear()
 
 
 #: The only module-level mutable state in zerocomm: the default world.
 WORLD = World()
-
-
-# -- the short path of a blocking all_reduce --------------------------------------------------------
-
-_Tensor = torch.Tensor
-_SUM = ReduceOp.SUM
-_logged = select.log.isEnabledFor  # selection logging asks for the full path (it logs each choice)
-
-
-#: How a short-path row checks that every rank made the same call (``short_path.remember`` picks one):
-#: not at all (the check is off); through ``Backend.agree``, where the tensor may ride in the check's own
-#: message or not; in an shm call's first sync; or in a sync of the segment before the call.
-CHECK_OFF, CHECK_RIDES, CHECK_AGREE, CHECK_IN_FIRST_SYNC, CHECK_IN_SYNC = range(5)
-
-
-def short_all_reduce(tensor, op, group, algorithm) -> bool:
-    """Run a blocking SUM all_reduce of a dense CPU tensor on a cell checked before, now, on this thread,
-    without a call record.  True when the call ran; False when it must take the full path
-    (``validate.all_reduce`` then :meth:`Group.run`), which raises any error.
-
-    ``validate.all_reduce`` admits a cell (group, requested algorithm, dtype) after its first call passed
-    the full checks (``short_path.remember``, which also fills the rows ``(most elements, function, check,
-    hash of the cell, cell)``: "auto"'s choice by size, and how the mismatch check runs).  Checked here is
-    only what can change from call to call: the tensor (dense, contiguous, on the CPU, not a subclass), its
-    size, and the group's state -- the call runs only if nothing else needs doing first: no other thread
-    holds the group, no call queued, the group neither failed nor destroyed, no observer or profiler
-    watching.  It is ``run`` + ``execute`` for that case: the same order (a tag taken under the lock, held
-    while it runs), check, deadline and typed errors.  Every line here costs on every small call, so
-    the case that costs least on the wire -- a cell whose tensor rides in the check's own message
-    (``Backend.rider``) -- runs these same steps in C where that extension is built: the public
-    all_reduce then calls ``ride_all_reduce`` (``_shortpath.short_all_reduce``), which calls this
-    function for the rest.
-    """
-    if op is not _SUM or type(tensor) is not _Tensor:
-        return False
-    g = WORLD.default if group is None else group
-    if type(g) is not Group:
-        g = getattr(g, "zerocomm_group", None)  # the ProcessGroup new_group returned
-        if type(g) is not Group:
-            return False
-    rows = g.short.get((algorithm, tensor.dtype))
-    if rows is None or not tensor.is_contiguous() or not tensor.is_cpu or _logged(10):
-        return False
-    numel = tensor.numel()
-    most, function, check, code, cell, _ = rows[0]
-    if numel > most:  # "auto"'s rows by size, the last one unbounded
-        for most, function, check, code, cell, _ in rows:
-            if numel <= most:
-                break
-    communicator = g.communicator
-    if check == CHECK_IN_SYNC and "_zerocomm_shm" not in communicator.__dict__:
-        return False  # the full path makes the arena (validate.check_in_segment), or falls back to the backend
-    if tensor.dim() != 1:
-        tensor = tensor.view(-1)
-    lock = g._lock
-    if not lock.acquire(False):
-        return False
-    try:
-        if g._pending or g.failure is not None or g._closed or WORLD.observers or _profiler_enabled():
-            return False
-        g._seq = seq = g._seq + 1
-        tag = USER_TAG_LIMIT + seq % _TAG_SPAN
-        start = time.monotonic()
-        deadline = start + g._timeout_s
-        try:
-            if check == CHECK_RIDES or check == CHECK_AGREE:
-                agreed = communicator.agree(hash((tag, numel, code)) & _DIGEST_MASK,  # = digest(), inlined
-                                            deadline, tensor if check == CHECK_RIDES else None, "sum", tag=tag,
-                                            algorithm=ALGORITHM_NAMES[cell[4]])
-                if agreed == AGREE_AND_REDUCED:
-                    return True
-                if not agreed:
-                    from .validate import name_mismatch  # the rare path: a late import
-                    name_mismatch(g, (tag, numel, *cell), deadline)
-            elif check != CHECK_OFF:  # through the segment
-                arena = communicator.__dict__.get("_zerocomm_shm") or shm.arena(communicator, tag=tag,
-                                                                                 deadline=deadline)
-                arena.expect(hash((tag, numel, code)) & _DIGEST_MASK, (tag, numel, *cell))  # = digest()
-                if check == CHECK_IN_SYNC:
-                    arena.settle(deadline)
-            function(communicator, tensor, "sum", tag=tag, deadline=deadline, segment_bytes=g.short_segment_bytes)
-            if check >= CHECK_IN_FIRST_SYNC:
-                arena.settle(deadline)
-        except TimeoutError as error:
-            raise g._timed_out("all_reduce", g._timeout_s, error, start) from None
-        except PeerFailure as failure:
-            raise g._peer_failed("all_reduce", failure) from None
-        except shm.CallMismatch as mismatch:
-            g._mismatched("all_reduce", mismatch.fingerprint, deadline, g._timeout_s, start)
-    finally:
-        lock.release()
-    return True
-
-
-def _rode_badly(g: Group, tensor, outcome: int, failure, tag: int, numel: int, row: tuple, start: float,
-                deadline: float) -> bool:
-    """Report a call ``_shortpath.ride`` ran that failed (``outcome`` 2: the rider's ``failure``) or whose
-    ranks disagreed (1; the tensor untouched).  ``ride`` returned with ``g``'s lock held: released here."""
-    try:
-        try:
-            if outcome == 1:
-                from .validate import name_mismatch  # the rare path: a late import
-                name_mismatch(g, (tag, numel, *row[4]), deadline)
-                # The fingerprints are the same (the digests collided): the call runs after all.
-                row[1](g.communicator, tensor.view(-1), "sum", tag=tag, deadline=deadline,
-                       segment_bytes=g.short_segment_bytes)
-                return True
-            g.communicator.rider_failed(failure, tensor if row[2] == CHECK_OFF else None)
-        except TimeoutError as error:
-            raise g._timed_out("all_reduce", g._timeout_s, error, start) from None
-        except PeerFailure as peer_failure:
-            raise g._peer_failed("all_reduce", peer_failure) from None
-    finally:
-        g._lock.release()
-    raise AssertionError("Backend.rider_failed returned")  # it raises what the failure was
-
-
-#: ``short_all_reduce`` for a world where some cell rides (``World.rides``): the riding case in C, the
-#: Python steps for the rest -- or the Python function itself where ``_shortpath`` was not built.
-ride_all_reduce = short_all_reduce
-if _shortpath is not None:
-    _shortpath.setup(_Tensor, Group, WORLD, _SUM, _profiler_enabled, _logged, USER_TAG_LIMIT, _TAG_SPAN, _DIGEST_MASK,
-                     short_all_reduce, _rode_badly)
-    ride_all_reduce = _shortpath.short_all_reduce

@@ -222,12 +222,12 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         # Which host each rank is on, learnt once (selection offers "shm" only where all ranks share one).
         # Nothing else is in flight yet; the tag is the group's call 0 (its calls start at 1), from the
         # communicator's origin, so that no message of an earlier world matches it (MPI reuses contexts).
-        from . import topology
+        from . import shm, topology
         tag, deadline = USER_TAG_LIMIT + communicator.tag_origin, start + timeout.total_seconds()
         try:
             topology.hosts(communicator, tag=tag, deadline=deadline)
             if topology.one_host(communicator):  # and whether they can share memory: before "auto" offers "shm"
-                topology.probe_shared_memory(communicator, tag=tag, deadline=deadline)
+                shm.probe_shared_memory(communicator, tag=tag, deadline=deadline)
         except (TimeoutError, PeerFailure) as error:  # a rank that left between connecting and this exchange
             communicator.close(abandon=True)
             raise _init_failure(error, backend, communicator.rank, timeout, time.monotonic() - start) from None
@@ -440,3 +440,55 @@ def which_algorithm(collective: str, tensor: torch.Tensor, op=None, group=None, 
     name = None if op is None else op_name(op, collective=collective, rank=g.my_global_rank)
     nbytes = None if collective == "all_to_all" else tensor.numel() * tensor.element_size()  # as validate does
     return choose_algorithm(collective, g, tensor.dtype, name, nbytes, algorithm, "which_algorithm")[0]
+
+
+# -- subgroups ---------------------------------------------------------------------------------------
+
+def new_subgroups(group_size=None, group=None, timeout=None, backend=None, pg_options=None, group_desc=None):
+    """Split ``group`` (the default one if None) into consecutive subgroups of ``group_size`` ranks.
+
+    Returns ``(this rank's subgroup, every subgroup)``; every process of the world calls it.
+    """
+    from .validate import resolve_group
+    parent = resolve_group(group, "new_subgroups")
+    if group_size is None:
+        if not torch.cuda.is_available():
+            raise ValueError("Default group size only takes effect when CUDA is available."
+                             "If your subgroup using a backend that does not depend on CUDA,"
+                             "please pass in 'group_size' correctly.")
+        group_size = torch.cuda.device_count()
+    if group_size <= 0:
+        raise ValueError(f"The arg 'group_size' ({group_size}) must be positive")
+    ranks = parent.ranks
+    if group_size > len(ranks):
+        raise ValueError(f"The arg 'group_size' ({group_size}) must not exceed the world size ({len(ranks)})")
+    if len(ranks) % group_size != 0:
+        raise ValueError(f"The world size ({len(ranks)}) must be divisible by 'group_size={group_size}'")
+    lists = [ranks[start:start + group_size] for start in range(0, len(ranks), group_size)]
+    return new_subgroups_by_enumeration(lists, timeout, backend, pg_options, group_desc)
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None, pg_options=None,
+                                 group_desc=None):
+    """One subgroup per list of global ranks; returns ``(this rank's subgroup or None, every subgroup)``.
+
+    Every process of the world calls it with the same lists.  A rank may appear in one list only.
+    """
+    if ranks_per_subgroup_list is None or len(ranks_per_subgroup_list) == 0:
+        raise ValueError("The arg 'ranks_per_subgroup_list' cannot be empty")
+    me = WORLD.require("new_subgroups_by_enumeration").my_global_rank
+    seen = {}
+    current = None
+    subgroups = []
+    for index, ranks in enumerate(ranks_per_subgroup_list):
+        for rank in ranks:
+            if rank in seen:
+                raise ValueError(f"Rank {rank} has appeared in both subgroup {ranks_per_subgroup_list[seen[rank]]} "
+                                 f"and {list(ranks)}")
+            seen[rank] = index
+        subgroup = new_group(ranks=ranks, timeout=timeout, backend=backend, pg_options=pg_options,
+                             group_desc=group_desc)
+        subgroups.append(subgroup)
+        if me in ranks:
+            current = subgroup
+    return current, subgroups

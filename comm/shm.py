@@ -1,7 +1,7 @@
 """Shared memory between the ranks of a communicator that share a host: the arena and the heaps.
 
 An *arena* is one segment mapped by every rank of a communicator, made at the first "shm" call
-and kept on the backend object (``t._zerocomm_shm``) until the backend's ``close()``.  Layout::
+and kept with the communicator (``t.local.arena``) until the backend's ``close()``.  Layout::
 
     n control lines of LINE bytes (rank p's line is written only by rank p)
         u32 arrive      the last step rank p reached (a futex word)
@@ -69,6 +69,9 @@ try:
     from . import _shmfast  # the small all_reduce's round in C, optional (see Arena.reduce_small_c)
 except ImportError:
     _shmfast = None
+
+#: Whether a check round can carry a payload (``Arena.checked_round``): the C round is built.
+FAST_ROUNDS = _shmfast is not None
 
 #: Where segments are created (a tmpfs on Linux), named ``PREFIX<creator's pid>-<random>``.
 SHM_DIR, PREFIX = "/dev/shm", "zerocomm-"
@@ -144,11 +147,15 @@ def _cross(call, pid: int, address: int, local: torch.Tensor) -> int:
 def read_peer(pid: int, address: int, into: torch.Tensor) -> int:
     """Copy ``into.nbytes`` bytes at ``address`` in process ``pid`` into the contiguous ``into``; returns
     the bytes read, or ``-errno`` (ESRCH: the process is gone; EPERM/ENOSYS: not allowed here)."""
+    if _shmfast is not None:  # one call, the GIL released
+        return _shmfast.cross(0, pid, address, into.data_ptr(), into.nbytes)
     return _cross(_readv, pid, address, into)
 
 
 def write_peer(pid: int, address: int, source: torch.Tensor) -> int:
     """Copy the contiguous ``source`` to ``address`` in process ``pid``; returns bytes written or ``-errno``."""
+    if _shmfast is not None:
+        return _shmfast.cross(1, pid, address, source.data_ptr(), source.nbytes)
     return _cross(_writev, pid, address, source)
 
 
@@ -310,7 +317,7 @@ class Arena:
         self.round = 0
         self.calls = 0
         self.checks = 0  # mismatch checks run: picks the digest word (they alternate)
-        self._expected: Optional[tuple] = None  # (digest, fingerprint) of an armed check (``expect``)
+        self.armed: Optional[tuple] = None  # (digest, fingerprint) of an armed check (``expect``)
         self._nothing = torch.empty(1)[:0]  # a check alone's tensor in the C round (``settle``)
         #: Whether large all_reduce calls read and write peers' tensors with ``process_vm_readv``/``writev``
         #: (``agree`` sets it).
@@ -396,6 +403,18 @@ class Arena:
         """Set this rank's per-call word ``index`` (before the call's first sync)."""
         self._i64[self.rank * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS + index] = value
 
+    def publish_words(self, parity: int, values: tuple) -> None:
+        """Set this rank's per-call words ``0 .. len(values) - 1`` at once (before the call's first sync)."""
+        start = self.rank * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS
+        i64 = self._i64
+        for k, value in enumerate(values):
+            i64[start + k] = value
+
+    def peer_words(self, parity: int, p: int, count: int) -> memoryview:
+        """Rank ``p``'s per-call words ``0 .. count - 1`` (after the call's first sync, before its second)."""
+        start = p * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS
+        return self._i64[start:start + count]
+
     def peer_word(self, parity: int, p: int, index: int) -> int:
         """Rank ``p``'s per-call word ``index`` (after the call's first sync, before its second)."""
         return self._i64[p * (LINE // 8) + _PER_CALL + parity * PER_CALL_WORDS + index]
@@ -406,13 +425,13 @@ class Arena:
         :class:`CallMismatch` carrying ``fingerprint`` on every rank if any differs.  Every schedule syncs
         before it reads a peer's byte, so the check costs no sync of its own; a call that never synced
         (nothing to move) runs it in :meth:`settle`."""
-        self._expected = (digest, fingerprint)
+        self.armed = (digest, fingerprint)
 
     def settle(self, deadline: Optional[float]) -> None:
         """After the call: run the armed check if the call's schedule did not (gloo's, before every call)."""
-        if self._expected is not None and _shmfast is not None:  # sync's words, as a C round with nothing to reduce
+        if self.armed is not None and _shmfast is not None:  # sync's words, as a C round with nothing to reduce
             self.reduce_small_c(self._nothing, 0, 0, deadline, "the mismatch check")
-        elif self._expected is not None:
+        elif self.armed is not None:
             self.sync(deadline, "the mismatch check")
 
     # -- steps ------------------------------------------------------------------------------------
@@ -420,9 +439,27 @@ class Arena:
         """Barrier of all ranks through the step words: store the next step, wait for every peer's.
         With a check armed (``expect``) it also compares the ranks' digests: the digest word alternates
         by check, and a peer is at most one check ahead, so the word read here is stable."""
-        expected = self._expected
+        expected = self.armed
+        if _shmfast is not None:  # the same words and steps, in C: arrive, spin briefly, then sleep a slice at a time
+            word, code = -1, 0
+            if expected is not None:
+                self.armed = None
+                self.checks += 1
+                word, code = _DIGEST + (self.checks & 1), expected[0]
+            step = self.step = (self.step + 1) & _MASK
+            args = (self._base, LINE, self.n, self.rank, self._buffers, self.slot_bytes, step, self._buffers, 0, 0, 0,
+                    word, code)
+            answer = _shmfast.post(*args)
+            while answer == 2:
+                answer = _shmfast.settle(*args, SLEEP_SLICE_S)
+                if answer == 2:
+                    self._still_late(step, deadline, what)
+            if answer:
+                self.calls = self.round = 0  # every rank stops here, at the same step (see below)
+                raise CallMismatch(expected[1])
+            return
         if expected is not None:
-            self._expected = None
+            self.armed = None
             self.checks += 1
             word = _DIGEST + (self.checks & 1)
             self._i64[self.rank * (LINE // 8) + word] = expected[0]
@@ -448,10 +485,10 @@ class Arena:
         arrive, spin briefly (C); the slow wait (deadline, sleep, liveness) here; then compare the armed
         check's digests and reduce every slot into the contiguous ``tensor`` (C).  The same steps, words
         and bits as ``Arena.sync`` plus the numpy reduction of ``algorithms/shm.py``."""
-        expected = self._expected
+        expected = self.armed
         word, code = -1, 0
         if expected is not None:
-            self._expected = None
+            self.armed = None
             self.checks += 1
             word, code = _DIGEST + (self.checks & 1), expected[0]
         k = self.round
@@ -460,14 +497,76 @@ class Arena:
         args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
                 step, tensor.data_ptr(), tensor.numel(), kind, op, word, code)
         answer = _shmfast.post(*args)
-        if answer == 2:  # a peer is late: wait here (deadline, sleep, liveness), then combine
-            for p in self._peers:
-                if not self._reached(p, step):
-                    self._wait_for(p, step, deadline, what)
-            answer = _shmfast.combine(*args)
+        while answer == 2:  # a peer is late: sleep in C a slice at a time; deadline and liveness here
+            answer = _shmfast.settle(*args, SLEEP_SLICE_S)
+            if answer == 2:
+                self._still_late(step, deadline, what)
         if answer:
             self.calls = self.round = 0  # as in ``sync``: every rank stops here, in step
             raise CallMismatch(expected[1])
+
+    def gather_round(self, output: torch.Tensor, nbytes: int, deadline: Optional[float], what: str) -> bool:
+        """One C round of an all_gather: this rank's ``nbytes`` at chunk ``rank`` of the contiguous byte tensor
+        ``output`` go through its slot, every peer's into its chunk; an armed check (``expect``) rides in it.
+        False, with nothing done, where the C round is not built."""
+        if _shmfast is None:
+            return False
+        expected = self.armed
+        word, code = -1, 0
+        if expected is not None:
+            self.armed = None
+            self.checks += 1
+            word, code = _DIGEST + (self.checks & 1), expected[0]
+        k = self.round
+        self.round = k + 1
+        step = self.step = (self.step + 1) & _MASK
+        args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
+                step, output.data_ptr(), nbytes, 4, 8, word, code)  # kind 4 (bytes), op 8 (gather): _shmfast.c
+        answer = _shmfast.post(*args)
+        while answer == 2:
+            answer = _shmfast.settle(*args, SLEEP_SLICE_S)
+            if answer == 2:
+                self._still_late(step, deadline, what)
+        if answer:
+            self.calls = self.round = 0
+            raise CallMismatch(expected[1])
+        return True
+
+    def checked_round(self, digest: int, fingerprint: tuple, address: int, numel: int, kind: int, op: int,
+                      deadline: Optional[float]) -> None:
+        """The mismatch check as one round of its own: compare ``digest`` with every peer's (raising
+        :class:`CallMismatch` carrying ``fingerprint`` on every rank if any differs), and reduce, in the same
+        round, the ``numel`` elements of C ``kind`` at ``address`` by C ``op`` (``numel`` 0: nothing rides;
+        a payload needs ``FAST_ROUNDS``).  ``reduce_small_c``'s steps with the check armed, in one call."""
+        if _shmfast is None:
+            self.armed = (digest, fingerprint)
+            self.sync(deadline, "the mismatch check")
+            return
+        self.checks += 1
+        k = self.round
+        self.round = k + 1
+        step = self.step = (self.step + 1) & _MASK
+        args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
+                step, address, numel, kind, op, _DIGEST + (self.checks & 1), digest)
+        answer = _shmfast.post(*args)
+        while answer == 2:  # a peer is late: sleep in C a slice at a time; deadline and liveness here
+            answer = _shmfast.settle(*args, SLEEP_SLICE_S)
+            if answer == 2:
+                self._still_late(step, deadline, "the mismatch check")
+        if answer:
+            self.calls = self.round = 0  # as in ``sync``: every rank stops here, in step
+            raise CallMismatch(fingerprint)
+
+    def _still_late(self, step: int, deadline: Optional[float], what: str) -> None:
+        """Between sleeps of a C round: raise ``TimeoutError`` past ``deadline``, ``PeerFailure`` for a late peer
+        whose process has exited."""
+        for p in self._peers:
+            if not self._reached(p, step):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"{what}: shared-memory step {step} from rank {p}")
+                if not self._peer_alive(p) and not self._reached(p, step):
+                    raise PeerFailure(f"{what}: rank {p} (pid {self.pid(p)}) exited while this rank waited for its "
+                                      f"shared-memory step {step}", peer=p)
 
     def _reached(self, p: int, step: int) -> bool:
         return ((self._u32[p * _WORDS + _ARRIVE] - step) & _MASK) < 0x80000000
@@ -547,10 +646,17 @@ class Arena:
         self._numpy.clear()
 
 
-def home(t: Transport) -> Transport:
-    """The backend object itself: a wrapper that delegates to one (the byte counter's ``_inner``) must not
-    keep an arena of its own, or observed and unobserved calls would use different segments."""
-    return t.__dict__.get("_inner", t)
+def probe_shared_memory(t: Transport, *, tag: int, deadline: Optional[float]) -> bool:
+    """Whether the ranks of ``t`` (all on one host, by their names) can share a segment: they map one page
+    together; every rank calls it, with ``tag``.  Processes can report one host without sharing ``/dev/shm``
+    (containers on the host's network each have their own), and selection must know it before "auto" offers
+    "shm".  Where they cannot, ``t`` remembers it, the same on every rank (:func:`shares_memory`)."""
+    try:
+        map_together(t, 4096, tag=tag, deadline=deadline).close()
+        return True
+    except UnsupportedError:
+        t.local.no_segment = True
+        return False
 
 
 def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
@@ -559,10 +665,10 @@ def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
     Raises ``UnsupportedError`` (the same on every rank) when the ranks are not all on one host, or cannot
     share a segment (then at once on every later call, with no exchange: every rank knows it alike).
     """
-    known = getattr(t, "_zerocomm_shm", None)
-    if known is not None:
-        return known
-    if t.__dict__.get("_zerocomm_no_segment") or home(t).__dict__.get("_zerocomm_no_segment"):
+    local = t.local
+    if local.arena is not None:
+        return local.arena
+    if local.no_segment:
         raise UnsupportedError(f"rank {t.rank}: shm: the ranks report one host but could not share a segment; set "
                                f"{topology.HOST_ENV} per shared /dev/shm, or use algorithm='ring'")
     topology.require_one_host(t, tag=tag, deadline=deadline)
@@ -570,11 +676,11 @@ def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
         mm = map_together(t, Arena.nbytes(t.size, SLOT_BYTES), tag=tag, deadline=deadline)
     except UnsupportedError:
         # Every rank alike (map_together's verdict): selection stops offering "shm" (topology.shares_memory).
-        t._zerocomm_no_segment = home(t)._zerocomm_no_segment = True
+        local.no_segment = True
         raise
     made = Arena(mm, t.size, t.rank, SLOT_BYTES)
     made.agree(deadline)
-    home(t)._zerocomm_shm = made
+    local.arena = made
     return made
 
 
@@ -586,7 +692,7 @@ def expect(t: Transport, digest: int, fingerprint: tuple, *, tag: int, deadline:
 
 def settle(t: Transport, deadline: Optional[float]) -> None:
     """:meth:`Arena.settle` of ``t``'s arena (every rank, after a call armed with :func:`expect`)."""
-    made = home(t).__dict__.get("_zerocomm_shm")
+    made = t.local.arena
     if made is not None:
         made.settle(deadline)
 
@@ -594,7 +700,8 @@ def settle(t: Transport, deadline: Optional[float]) -> None:
 def release(t: Transport) -> None:
     """Forget ``t``'s arena and heaps (the backend's ``close()`` calls it).  Tensors the user still holds
     from :func:`shared_empty` stay valid: a mapping ends with the last tensor viewing it."""
-    made = t.__dict__.pop("_zerocomm_shm", None)
+    local = t.local
+    made, local.arena = local.arena, None
     if made is not None:
         made.close()
-    t.__dict__.pop("_zerocomm_heaps", None)
+    local.heaps.clear()

@@ -32,8 +32,7 @@ def allocate_heap(t: Transport, nbytes: int, *, tag: int, deadline: Optional[flo
     stride = shm.aligned(max(nbytes, 1))
     mm = shm.map_together(t, t.size * stride, tag=tag, deadline=deadline)
     heap = Heap(torch.frombuffer(mm, dtype=torch.uint8), stride)
-    heaps = shm.home(t).__dict__.setdefault("_zerocomm_heaps", [])
-    heaps.append(heap)
+    t.local.heaps.append(heap)
     start = t.rank * stride
     return heap.raw[start:start + nbytes]
 
@@ -48,7 +47,10 @@ def shared_empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32,
     ordinary ``torch.empty`` tensor, so callers need not ask.  The memory is freed when the tensor
     and the group are both gone; nothing is left in ``/dev/shm``.
     """
-    from .validate import Call, resolve_group
+    from . import check
+    from .group import WORLD
+    from .plan import Call
+    from .validate import resolve_group
 
     g = resolve_group(group, "shared_empty")
     if not g.on_cpu:
@@ -64,7 +66,9 @@ def shared_empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32,
     def allocate(t, *, tag, deadline, segment_bytes):
         made.append(allocate_heap(t, nbytes, tag=tag, deadline=deadline))
 
-    g.run(Call("barrier", g, (), None, -1, "shm", allocate, None, False, None, (), (), 0, 0, torch.uint8))
+    cell = check.fingerprint_cell("barrier", None, torch.uint8, -1, "shm")
+    g.run(Call("barrier", g, (), None, -1, "shm", allocate, None, False, None, (), (), 0, 0, torch.uint8,
+               check.checker_for(g, "shm", WORLD.config), (hash(cell), cell)))
     region = made[0]
     if region is None:
         return torch.empty(shape, dtype=dtype)

@@ -11,7 +11,7 @@ names over the communicator's own point-to-point transport, and keeps the answer
 transport object: a second call costs nothing.  Every rank of the communicator must call
 it at the same point of its sequence of collectives (it moves bytes under ``tag``).
 
-Reporting one host is not yet sharing memory: :func:`probe_shared_memory` (run by
+Reporting one host is not yet sharing memory: ``shm.probe_shared_memory`` (run by
 ``init_process_group``) checks that the ranks can map one segment together, and selection reads
 :func:`shares_memory`, so "auto" never offers "shm" to ranks that cannot.
 """
@@ -44,7 +44,7 @@ def hosts(t: Transport, *, tag: int, deadline: Optional[float], name: Optional[s
     All ranks of ``t`` must call it together, passing the tag of the collective they are in.
     ``name`` is this rank's host (default :func:`local_host`).
     """
-    known = getattr(t, "_zerocomm_hosts", None)
+    known = t.local.hosts
     if known is not None:
         return known
     from .algorithms.ring import all_gather_ring  # algorithms import nothing from here
@@ -57,8 +57,8 @@ def hosts(t: Transport, *, tag: int, deadline: Optional[float], name: Optional[s
     all_gather_ring(t, every, mine, tag=tag, deadline=deadline, segment_bytes=1 << 20)
     rows = [bytes(every[r * record:(r + 1) * record].tolist()) for r in range(t.size)]
     names = tuple(row[:_NAME_BYTES].rstrip(b"\0").decode(errors="replace") for row in rows)
-    t._zerocomm_hosts = names
-    t._zerocomm_one_host = len(set(names)) == 1
+    t.local.hosts = names
+    t.local.one_host = len(set(names)) == 1
     me = _this_process()
     # The pid of every rank whose process this one can see (same machine, same pid namespace), else 0.
     t.peer_pids = tuple(int.from_bytes(row[-8:], "little") if row[_NAME_BYTES:-8] == me[:-8] else 0
@@ -92,21 +92,21 @@ def one_host(t: Transport) -> Optional[bool]:
 
     Costs an attribute lookup (selection asks it on every call).
     """
-    return getattr(t, "_zerocomm_one_host", None)
+    return t.local.one_host
 
 
 def inherit(sub: Transport, parent: Transport, members) -> None:
     """Give ``sub`` (a communicator over ``members``, ranks of ``parent``) its hosts from ``parent``'s, if known:
     a sub-communicator learns its topology without moving a byte."""
-    known = getattr(parent, "_zerocomm_hosts", None)
+    known = parent.local.hosts
     if known is not None:
         names = tuple(known[m] for m in members)
-        sub._zerocomm_hosts = names
-        sub._zerocomm_one_host = len(set(names)) == 1
+        sub.local.hosts = names
+        sub.local.one_host = len(set(names)) == 1
     if parent.peer_pids is not None:
         sub.peer_pids = tuple(parent.peer_pids[m] for m in members)
-    if parent.__dict__.get("_zerocomm_no_segment"):
-        sub._zerocomm_no_segment = True  # some ranks of the parent share no segment: kept off "shm" (conservative)
+    if parent.local.no_segment:
+        sub.local.no_segment = True  # some ranks of the parent share no segment: kept off "shm" (conservative)
 
 
 def require_one_host(t: Transport, *, tag: int, deadline: Optional[float], what: str = "shm") -> None:
@@ -119,27 +119,11 @@ def require_one_host(t: Transport, *, tag: int, deadline: Optional[float], what:
                                f"algorithm='ring'")
 
 
-def probe_shared_memory(t: Transport, *, tag: int, deadline: Optional[float]) -> bool:
-    """Whether the ranks of ``t`` (all on one host, by their names) can share a segment: they map one page
-    together; every rank calls it, with ``tag``.  Processes can report one host without sharing ``/dev/shm``
-    (containers on the host's network each have their own), and selection must know it before "auto" offers
-    "shm".  Where they cannot, ``t`` remembers it, the same on every rank (:func:`shares_memory`)."""
-    from . import shm  # shm imports this module
-
-    try:
-        shm.map_together(t, 4096, tag=tag, deadline=deadline).close()
-        return True
-    except UnsupportedError:
-        t._zerocomm_no_segment = True
-        return False
-
-
 def shares_memory(t: Transport) -> Optional[bool]:
     """:func:`one_host`, except ``None`` (unknown: "auto" offers no "shm" and reads the plain table) once the
-    ranks could not share a segment (:func:`probe_shared_memory`, or an arena that could not be made)."""
-    if t.__dict__.get("_zerocomm_no_segment"):
-        return None
-    return getattr(t, "_zerocomm_one_host", None)
+    ranks could not share a segment (``shm.probe_shared_memory``, or an arena that could not be made)."""
+    local = t.local
+    return None if local.no_segment else local.one_host
 
 
 def local_ranks(t: Transport, *, tag: int, deadline: Optional[float]) -> tuple[int, ...]:

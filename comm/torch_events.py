@@ -32,7 +32,7 @@ import torch
 
 
 def run_all(calls: Sequence, name: str, inputs) -> List:
-    """Run ``calls`` (checked ``validate.Call``\\ s of one group, issued in order) under one event
+    """Run ``calls`` (checked ``plan.Call``\\ s of one group, issued in order) under one event
     ``"<backend>:<name>"`` (``name`` is torch's title: both all_to_all forms are "all_to_all") recording
     the shapes of ``inputs`` as they travel (complex ones as real views).  Returns what ``Group.run``
     returns for each: a ``Work`` if the call is ``async_op``, else ``None`` once done."""
@@ -61,7 +61,7 @@ def run_all(calls: Sequence, name: str, inputs) -> List:
     try:
         for call in calls[:-1]:
             results.append(_run_off_thread(call))
-        results.append(_run_off_thread(last._replace(function=closing)))
+        results.append(_run_off_thread(last._replace(function=closing, ride=None)))  # ridden, it would not close
     except BaseException:
         close()  # refused before the executor ran it (a destroyed or failed group), or a blocking call failed
         raise

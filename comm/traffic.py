@@ -85,6 +85,11 @@ class CountingTransport(Transport):
             self._record.bytes_received += tensor.numel() * tensor.element_size()
         return self._inner.irecv(tensor, peer, tag)
 
+    @property
+    def local(self):
+        """The real transport's: observed and unobserved calls share one arena and one topology."""
+        return self._inner.local
+
     def __getattr__(self, name):  # native collectives and anything else: the real transport's
         return getattr(self._inner, name)
 
@@ -130,7 +135,7 @@ class TrafficCounter:
 
 
 def run_observed(observers, call, tag: int, deadline: float, segment_bytes: int, issued_s: float) -> None:
-    """Run ``call`` (a ``validate.Call``) with a :class:`CallRecord` for ``observers``: zerocomm's own
+    """Run ``call`` (a ``plan.Call``) with a :class:`CallRecord` for ``observers``: zerocomm's own
     algorithms through a :class:`CountingTransport`, native collectives estimated (see the module note)."""
     group = call.group
     # A compressed all_reduce is its own line in byte counts and profiles: it moves 1/32 of the bytes.

@@ -29,9 +29,11 @@ group turns only these two into ``CommTimeoutError`` and ``PeerError``.
 from __future__ import annotations
 
 import abc
+import dataclasses
+import functools
 import time
 import zlib
-from typing import Callable, ClassVar, Mapping, NoReturn, Optional, Sequence
+from typing import Any, Callable, ClassVar, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -72,6 +74,27 @@ class Request(abc.ABC):
         """Block, without burning a core, until done or ``timeout_s`` seconds pass."""
 
 
+@dataclasses.dataclass
+class Attached:
+    """What the layers above a communicator learn about it once and keep with it (``Transport.local``).
+
+    Declared here, in one place, so that no module stores attributes of its own on a backend object.
+    """
+
+    hosts: Optional[tuple] = None
+    """Every rank's host name, index = rank (``topology.hosts``)."""
+    one_host: Optional[bool] = None
+    """Whether every rank is on one host; ``None`` until the hosts are known."""
+    no_segment: bool = False
+    """The ranks report one host but cannot share a segment (``shm.probe_shared_memory``, ``shm.arena``)."""
+    arena: Any = None
+    """The shared-memory arena of the communicator, once made (``shm.arena``)."""
+    heaps: List[Any] = dataclasses.field(default_factory=list)
+    """Shared heaps of ``shared_empty`` tensors (``shm_heap``)."""
+    hierarchy: Any = None
+    """The hierarchical algorithms' host layout and sub-communicators (``algorithms.hierarchical``)."""
+
+
 class Transport(abc.ABC):
     """Point to point over one communicator of ``size`` processes; this one is ``rank``.
 
@@ -90,6 +113,11 @@ class Transport(abc.ABC):
     #: the ranks' hosts (``topology.hosts``), None until then.  A backend may use it to tell a dead peer from a
     #: slow one where its own transport cannot.
     peer_pids: Optional[tuple] = None
+
+    @functools.cached_property
+    def local(self) -> Attached:
+        """What the layers above learnt about this communicator (see :class:`Attached`); made on first use."""
+        return Attached()
 
     @abc.abstractmethod
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
@@ -176,47 +204,24 @@ class Backend(Transport):
         """``irecv`` for the user's send/recv; see :meth:`user_isend`."""
         return self.irecv(tensor, peer, tag)
 
-    #: Whether a group whose ranks share a host runs its mismatch check through the shared-memory arena
-    #: (one sync of step words, a few µs) instead of :meth:`agree`: true where a round trip of the
-    #: backend's own costs far more than that (gloo's: hundreds of µs through its threads and sockets).
-    CHECK_IN_SHARED_MEMORY: ClassVar[bool] = False
-
-    #: Algorithms (besides "native") whose small all_reduce :meth:`agree` may run inside the check's own
-    #: messages, so that the caller passes their tensor too (MPI: recursive doubling, which carries the check).
-    ALGORITHMS_IN_CHECK: ClassVar[frozenset] = frozenset()
-
     def agree(self, digest: int, deadline: Optional[float], tensor: Optional[torch.Tensor] = None,
               op: Optional[str] = None, *, tag: int = 0, algorithm: str = "native") -> int:
         """Whether every rank of the communicator passed the same ``digest`` (an int in ``[0, 2**62)``):
         ``DISAGREE`` (0), ``AGREE``, or ``AGREE_AND_REDUCED``.
 
-        The mismatch check's one round trip (see ``validate.cross_check``): every rank calls it, in the
-        collectives' order, before the collective it checks moves a byte.  It must cost about one small
-        native all_reduce and allocate nothing per call (a backend keeps its own buffer; a check that timed
-        out leaves that buffer to the request still posted, and the group is unusable after).  ``tensor``
-        and ``op`` are given when the checked call is an all_reduce by ``algorithm`` ("native" or one of
-        :attr:`ALGORITHMS_IN_CHECK`), ``tag`` is the call's: a backend may reduce a small ``tensor`` in the
-        check's own messages, by that algorithm, and answer ``AGREE_AND_REDUCED`` (the caller then skips the
+        The mismatch check's round trip for groups spanning hosts (``check.through_backend``): every rank
+        calls it, in the collectives' order, before the collective it checks moves a byte.  It must cost
+        about one small native all_reduce and allocate nothing per call (a backend keeps its own buffer; a
+        check that timed out leaves that buffer to the request still posted, and the group is unusable
+        after).  ``tensor`` and ``op`` are given when the checked call is an all_reduce by ``algorithm``,
+        ``tag`` is the call's: a backend may reduce a small ``tensor`` in the check's own messages, by an
+        algorithm it can run there, and answer ``AGREE_AND_REDUCED`` (the caller then skips the
         all_reduce).  Whether it does must depend only on what the digest covers (algorithm, dtype, op,
         element count), so that ranks making the same call do the same thing on the wire, and ranks whose
         checks travel differently must still all see the disagreement; when the ranks disagree, ``tensor``
         is left unchanged.  Raises ``TimeoutError`` or :class:`PeerFailure` like a native collective.
         """
         raise NotImplementedError(f"{self.name} has no mismatch check")
-
-    def rider(self, dtype: torch.dtype, op: str, check: bool = True, algorithm: str = "native") -> Optional[tuple]:
-        """``(capsule, most elements, element size)``: a C function that runs :meth:`agree` for ``algorithm``
-        with a small all_reduce of ``dtype`` and ``op`` riding (up to that many elements), for the short path
-        in C (``comm/_shortpath.c`` states the capsule's contract); with ``check=False``, one that runs the
-        native all_reduce alone (a group whose mismatch check is off); or None, the default: the short path
-        then runs in Python.  Asked once per cell; the capsule keeps what it points at alive."""
-        return None
-
-    def rider_failed(self, failure, tensor: Optional[torch.Tensor] = None) -> NoReturn:
-        """Raise what a rider's ``failure`` (the backend's own description) means: ``TimeoutError`` or
-        :class:`PeerFailure`, as :meth:`agree` (or, for a ``check=False`` rider, which gets the call's
-        ``tensor``, the native all_reduce) would have raised it."""
-        raise NotImplementedError(f"{self.name} has no rider")
 
     @classmethod
     def native_traffic_as(cls, collective: str) -> str:

@@ -113,7 +113,7 @@ class IssuedWork(Work):
     thread, by the call's deadline, and raises what the group's executor would have raised (a
     ``CommTimeoutError`` naming the op, the group and the awaited peer, a ``PeerError``); the group is
     unusable after either, as after a failed blocking call.  ``after`` (or ``None``) runs once when the
-    request is done, before the outputs are read; ``copy_out`` as in ``validate.Call``.
+    request is done, before the outputs are read; ``copy_out`` as in ``plan.Call``.
 
     Nothing completes it in the background: where a future callback is asked for (``get_future``,
     ``add_done_callback``), the group's executor is asked to wait for it (``Group.watch``), and the
@@ -129,13 +129,12 @@ class IssuedWork(Work):
         self._after = after
         self._start = start
         self._seconds = seconds
-        self._once = [True]  # popped by the one thread that settles the outcome
+        self._once = [] if request is None else [True]  # popped by the one thread that settles the outcome
         self._done = request is None
         self._error: Optional[BaseException] = None
         self._future: Optional[concurrent.futures.Future] = None  # made by _watch, for callbacks
         self._torch_future: Optional[torch.futures.Future] = None
-        if request is None:
-            self._once.pop()
+        if request is None and (after is not None or call.copy_out):
             self._finish()
 
     @property

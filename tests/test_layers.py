@@ -1,9 +1,13 @@
 """The layering of docs/architecture.md, enforced by parsing imports.
 
 ops imports neither comm nor zero; zero and benchmarks use only the public ``zerocomm.comm`` (never its
-backends, algorithms or other internal modules); comm never imports zero or benchmarks.
+backends, algorithms or other internal modules); comm never imports zero or benchmarks; and inside ``comm/``
+no module imports, directly or through others, a module that imports it: every ``from . import x`` /
+``from .x import y`` arrow counts, at module level or inside a function alike (a late import is still an
+arrow), and a circle is a failure naming its members and their arrows.
 """
 import ast
+import os
 import pathlib
 
 import pytest
@@ -60,3 +64,90 @@ def _is_public_name(name: str) -> bool:
 def test_comm_imports_no_zero_or_benchmarks(path):
     bad = [n for n in _imports(path, "comm") if n.startswith(("zerocomm.zero", "zerocomm.benchmarks"))]
     assert not bad, f"{path}: {bad}"
+
+
+# -- no import circles inside comm/ ------------------------------------------------------------------
+
+COMM = str(ROOT / "comm")
+
+
+def _comm_modules() -> dict:
+    """Dotted name below ``zerocomm.comm`` ("" for the package itself) -> source path."""
+    found = {}
+    for folder, _, files in os.walk(COMM):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                dotted = os.path.relpath(path, COMM)[:-3].replace(os.sep, ".")
+                found[dotted[:-len("__init__")].rstrip(".") if dotted.endswith("__init__") else dotted] = path
+    return found
+
+
+def _comm_arrows(modules: dict) -> dict:
+    arrows = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name.split(".") if path.endswith("__init__.py") else name.split(".")[:-1]
+        package = [part for part in package if part]
+        with open(path) as source:
+            tree = ast.parse(source.read())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+            target = ".".join(base + ([node.module] if node.module else []))
+            submodules = [f"{target}.{alias.name}".lstrip(".") for alias in node.names]
+            submodules = [m for m in submodules if m in modules]
+            # ``from . import x`` imports module x; ``from .x import y`` imports module x (y is a name in it).
+            for candidate in submodules or [target]:
+                if candidate in modules and candidate != name:
+                    arrows[name].add(candidate)
+    return arrows
+
+
+def _circles(arrows: dict) -> list:
+    """Strongly connected sets of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in arrows[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            members = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                members.append(w)
+                if w == v:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for v in sorted(arrows):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_comm_has_no_import_circles():
+    modules = _comm_modules()
+    assert {"api", "plan", "group", "check", "validate"} <= set(modules), sorted(modules)
+    del modules[""]  # the package's __init__: the public surface, above every module
+    arrows = _comm_arrows(modules)
+    arrows = {m: {a for a in targets if a in modules} for m, targets in arrows.items()}
+    assert "group" in arrows["plan"] and "check" in arrows["group"], "the arrows were not read"
+    circles = _circles(arrows)
+    assert circles == [], [{m: sorted(a for a in arrows[m] if a in circle) for m in circle} for circle in circles]
+
+
+def test_a_circle_is_found():
+    """The search itself: an arrow back up is reported."""
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []

@@ -131,10 +131,17 @@ def function_for(collective: str, algorithm: str, backend) -> Callable[..., None
     return ALGORITHMS[(collective, algorithm)]
 
 
+def sub_algorithm(collective: str, inner: str) -> str:
+    """The algorithm that runs ``collective`` (all_to_all or all_gather, ``compressed.SUB_COLLECTIVES``) for a
+    compressed all_reduce over ``inner``: ``inner`` itself where the registry has it (or it is "native"), else
+    "ring"."""
+    return inner if inner == "native" or (collective, inner) in ALGORITHMS else "ring"
+
+
 def algorithms_for(collective: str) -> list[str]:
     """The algorithm names registered for ``collective``, in registration order (``[]`` if none)."""
     return [algo for (coll, algo) in ALGORITHMS if coll == collective]
 
 
 __all__ = ["ALGORITHMS", "ALGORITHM_CHOICES", "ALGORITHM_NAMES", "COLLECTIVES", "COMPRESSED", "algorithms_for",
-           "function_for"] + sorted({fn.__name__ for fn in ALGORITHMS.values()})
+           "function_for", "sub_algorithm"] + sorted({fn.__name__ for fn in ALGORITHMS.values()})

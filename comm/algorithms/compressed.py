@@ -30,20 +30,14 @@ out as soon as its step has produced it.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ...ops.onebit import ErrorFeedback, onebit_padded_numel
 
 #: The sub-collectives of the schedule, in order.
 SUB_COLLECTIVES = ("all_to_all", "all_gather")
-
-
-def sub_algorithm(collective: str, inner: str) -> str:
-    """The algorithm that runs ``collective`` (all_to_all or all_gather) for a compressed all_reduce
-    over ``inner``: ``inner`` itself where the registry has it (or it is "native"), else "ring"."""
-    from . import ALGORITHMS  # the registry imports this module
-
-    return inner if inner == "native" or (collective, inner) in ALGORITHMS else "ring"
 
 
 def onebit_message_bytes(numel: int, n: int, dtype: torch.dtype) -> int:
@@ -53,17 +47,15 @@ def onebit_message_bytes(numel: int, n: int, dtype: torch.dtype) -> int:
 
 
 def all_reduce_onebit(t, tensor: torch.Tensor, op: str, *, tag: int, deadline, segment_bytes: int,
-                      state: ErrorFeedback, inner: str = "native") -> None:
+                      state: ErrorFeedback, all_to_all: Callable[..., None], all_gather: Callable[..., None],
+                      inner: str = "native") -> None:
     """Replace the flat floating ``tensor`` on every rank by the 1-bit-compressed mean over the ranks.
 
     ``op`` is "avg" (validated).  ``state`` is this rank's error feedback for this tensor (one per
-    tensor or bucket, owned by the caller).  Every rank of ``t`` calls it with tensors of the same
-    numel and dtype, and the same ``inner``.
+    tensor or bucket, owned by the caller).  ``all_to_all`` and ``all_gather`` run the two steps (the
+    functions of ``inner``'s algorithm for them: the registry's ``sub_algorithm``); ``inner`` names it, for
+    byte counts.  Every rank of ``t`` calls it with tensors of the same numel and dtype, and the same steps.
     """
-    from . import function_for  # the registry imports this module
-
-    all_to_all = function_for("all_to_all", sub_algorithm("all_to_all", inner), t)
-    all_gather = function_for("all_gather", sub_algorithm("all_gather", inner), t)
     n = t.size
     if n == 1 or tensor.numel() == 0:
         return  # the mean of one rank's tensor is the tensor: nothing to compress

@@ -4,7 +4,7 @@ Terms.  A *host* is the set of ranks with the same host name (``comm.topology``)
 number of ranks on host ``h`` and a rank's *local index* its position among them.  The *intra*
 communicator of a host holds its ranks; an *inter* communicator holds one rank per host.  Both
 are made with ``Backend.split`` the first time a call needs them and cached on the backend (see
-:func:`release`).  Intra-host phases use the ``"shm"`` algorithm when the registry has it (one
+:func:`release`).  Intra-host phases use the ``"shm"`` algorithm (one
 host, shared memory), else the ring (large) or tree (small) one; inter-host phases use the ring
 for large pieces (between two hosts, one pipelined exchange) and recursive doubling / a binomial tree
 for small ones.
@@ -51,16 +51,17 @@ from ...ops.reduce import finalize_
 from .. import topology
 from ..transport import Transport
 from .ring import all_gather_ring, all_reduce_ring, broadcast_ring, reduce_ring, reduce_scatter_ring
+from .shm import all_gather_shm, all_reduce_shm, broadcast_shm, reduce_scatter_shm, reduce_shm
 from .tree import all_reduce_recursive_doubling, broadcast_tree, reduce_tree, remaining
 
 #: all_reduce of at most this many bytes takes the small path (reduce, leaders' all_reduce, broadcast).
 SMALL_BYTES = 64 << 10
-#: Large all_reduce runs in rounds of this many bytes (see [Note: rounds]).
+#: Large all_reduce runs in rounds of at most this many bytes (see [Note: rounds]).
 PIPELINE_BYTES = 2 << 20
+#: ... the first and the last round of this many, doubling up to PIPELINE_BYTES from both ends.
+PIPELINE_FIRST_BYTES = 128 << 10
 #: Inter-host pieces of at most this many bytes use recursive doubling / a tree, larger ones the ring.
 INTER_TREE_BYTES = 64 << 10
-
-_ATTR = "_zerocomm_hierarchy"
 
 
 class _Layout:
@@ -116,7 +117,7 @@ class _Layout:
 
 def _layout(t: Transport, tag: int, deadline: Optional[float]) -> _Layout:
     """The backend's layout; the first call on a backend is a collective of all its ranks."""
-    known = getattr(t, _ATTR, None)
+    known = t.local.hierarchy
     if known is not None:
         return known
     names = topology.hosts(t, tag=tag, deadline=deadline)
@@ -125,7 +126,7 @@ def _layout(t: Transport, tag: int, deadline: Optional[float]) -> _Layout:
     nonce = torch.frombuffer(bytearray(os.urandom(8)), dtype=torch.uint8).clone()
     broadcast_tree(t, nonce, 0, tag=tag, deadline=deadline, segment_bytes=0)
     layout = _Layout(names, t.rank, bytes(nonce.tolist()).hex())
-    setattr(t, _ATTR, layout)
+    t.local.hierarchy = layout
     return layout
 
 
@@ -151,15 +152,20 @@ def _comms(t: Transport, lay: _Layout, wanted: Sequence[Sequence[int]]) -> list[
 
 def release(t: Transport, abandon: bool = False) -> None:
     """Close the sub-communicators hierarchical made over ``t`` (its backend's ``close`` calls this)."""
-    lay = t.__dict__.pop(_ATTR, None)
+    local = t.local
+    lay, local.hierarchy = local.hierarchy, None
     if lay is not None:
         lay.close(t, abandon)
 
 
+#: The shared-memory algorithm of each collective an intra-host phase runs.
+_SHM = {"all_reduce": all_reduce_shm, "reduce": reduce_shm, "broadcast": broadcast_shm, "all_gather": all_gather_shm,
+        "reduce_scatter": reduce_scatter_shm}
+
+
 def _intra(collective: str, fallback: Callable[..., None]) -> Callable[..., None]:
-    """The shared-memory algorithm of ``collective`` when registered, else ``fallback``."""
-    from . import ALGORITHMS  # the registry imports this module
-    return ALGORITHMS.get((collective, "shm"), fallback)
+    """The shared-memory algorithm of ``collective`` where there is one, else ``fallback``."""
+    return _SHM.get(collective, fallback)
 
 
 def _inter_all_reduce(nbytes: int, size: int) -> Callable[..., None]:
@@ -242,15 +248,39 @@ def _pieces(lay: _Layout, numel: int) -> list[tuple[int, int, tuple[int, ...]]]:
     return pieces
 
 
+def _round_sizes(numel: int, first: int, most: int) -> list[int]:
+    """Elements of each round: ``first``, doubling up to ``most`` from the front and, mirrored, from the back,
+    ``most`` in between (every round at least ``first`` unless the buffer is smaller)."""
+    head: list[int] = []
+    tail: list[int] = []
+    left, size = numel, first
+    while left > 0 and size < most:
+        for side in (head, tail):
+            take = min(size, left)
+            if take:
+                side.append(take)
+                left -= take
+        size *= 2
+    middle = [most] * (left // most) + ([left % most] if left % most else [])
+    return head + middle + tail[::-1]
+
+
 def _all_reduce_large(t: Transport, lay: _Layout, tensor: torch.Tensor, op: str, kw: dict) -> None:
-    # [Note: rounds]  The buffer runs in rounds of PIPELINE_BYTES, each a whole hierarchical
-    # all_reduce of its region; a helper thread runs the inter-host phase of round k while this thread
-    # runs the intra-host reduce-scatter of round k+1 and the all_gather of round k-1, so the link is
-    # busy while the host's memory work happens (round k+1's inter phase is queued behind round k's).  Per communicator, every rank issues the same calls in
-    # the same order: intra RS 0, RS 1, AG 0, RS 2, AG 1, ...; inter round 0, 1, ... (pieces in order).
-    numel = tensor.numel()
-    per = max(PIPELINE_BYTES // tensor.element_size(), max(len(ranks) for ranks in lay.hosts))
-    rounds = [(lo, min(lo + per, numel), _pieces(lay, min(lo + per, numel) - lo)) for lo in range(0, numel, per)]
+    # [Note: rounds]  The buffer runs in rounds, each a whole hierarchical all_reduce of its region; a
+    # helper thread runs the inter-host phase of round k while this thread runs the intra-host
+    # reduce-scatter of round k+1 and the all_gather of round k-1, so the link is busy while the host's
+    # memory work happens (round k+1's inter phase is queued behind round k's).  Only the first round's
+    # reduce-scatter comes before the link has anything to carry and only the last round's all_gather
+    # after it is done, so those rounds are small (PIPELINE_FIRST_BYTES), and rounds double from both ends
+    # up to PIPELINE_BYTES (fewer, larger rounds in the middle: less per-round cost).  Per communicator,
+    # every rank issues the same calls in the same order: intra RS 0, RS 1, AG 0, RS 2, AG 1, ...; inter
+    # round 0, 1, ... (pieces in order).
+    numel, esize = tensor.numel(), tensor.element_size()
+    least = max(len(ranks) for ranks in lay.hosts)
+    rounds, lo = [], 0
+    for size in _round_sizes(numel, max(PIPELINE_FIRST_BYTES // esize, least), max(PIPELINE_BYTES // esize, least)):
+        rounds.append((lo, lo + size, _pieces(lay, size)))
+        lo += size
     _comms(t, lay, list(lay.hosts) + [owners for _, _, pieces in rounds for _, _, owners in pieces])
     intra = lay.comm_of(lay.mine, t.rank)
     queued: collections.deque = collections.deque()  # (inter-host phase's future, region), oldest first

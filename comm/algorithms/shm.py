@@ -96,7 +96,7 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def heap_slot(t: Transport, tensor: torch.Tensor) -> tuple[int, int]:
     """``(heap index, byte offset)`` of ``tensor``'s data in this rank's region of a heap of ``t``, or ``(-1, 0)``."""
-    heaps = getattr(t, "_zerocomm_heaps", None)
+    heaps = t.local.heaps
     if not heaps:
         return -1, 0
     ptr = tensor.data_ptr()
@@ -110,7 +110,7 @@ def heap_slot(t: Transport, tensor: torch.Tensor) -> tuple[int, int]:
 
 def heap_view(t: Transport, index: int, p: int, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """Rank ``p``'s ``numel`` elements of ``dtype`` at byte ``offset`` of its region of heap ``index``."""
-    heap = t._zerocomm_heaps[index]
+    heap = t.local.heaps[index]
     start = p * heap.stride + offset
     return heap.raw[start:start + numel * torch.empty((), dtype=dtype).element_size()].view(dtype)
 
@@ -276,35 +276,37 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
     what one copy of the tensor moves (read it once, write it once), where reducing then copying the
     other slices out reads ``(n-1)/n`` of it again.
     """
-    n, r, dtype, es = a.n, a.rank, tensor.dtype, tensor.element_size()
-    numel = tensor.numel()
+    n, r, dtype, es = a.n, a.rank, tensor.dtype, tensor.itemsize
+    numel = tensor.nbytes // es
     parity = a.begin()
     heap, offset = heap_slot(t, tensor)
-    a.publish(parity, 0, heap)
-    a.publish(parity, 1, offset)
-    a.publish(parity, 2, tensor.data_ptr())
+    a.publish_words(parity, (heap, offset, tensor.data_ptr()))
     a.sync(deadline, what)
     peers = [p for p in range(n) if p != r]
-    views, addresses = {}, {}
+    views, addresses, pids = {}, {}, {}
     for p in peers:
-        index = a.peer_word(parity, p, 0)
+        index, at, address = a.peer_words(parity, p, 3)
         if index >= 0:
-            views[p] = heap_view(t, index, p, a.peer_word(parity, p, 1), numel, dtype)
+            views[p] = heap_view(t, index, p, at, numel, dtype)
         else:
-            addresses[p] = a.peer_word(parity, p, 2)
+            addresses[p], pids[p] = address, a.pid(p)
     block = max(1, BLOCK_BYTES // es)
     scratch = a.scratch(dtype, block) if addresses else None
     combine = KERNELS[op]
-    s, e = _bounds(numel, n)[r]
+    base, extra = numel // n, numel % n  # this rank's slice of _bounds(numel, n), without the list
+    s = r * base + (r if r < extra else extra)
+    e = s + base + (r < extra)
     for b0 in range(s, e, block):
-        b1 = min(e, b0 + block)
+        b1 = e if e - b0 <= block else b0 + block
         mine = tensor[b0:b1]
         for p in peers:
             if p in views:
                 combine(mine, views[p][b0:b1])
             else:
                 part = scratch[:b1 - b0]
-                _peer_read(a, parity, p, b0, part, what)
+                done = shm.read_peer(pids[p], addresses[p] + b0 * es, part)
+                if done != part.nbytes:
+                    _peer_io(a, p, done, part.nbytes, what, "read")
                 combine(mine, part)
         if op == "avg":
             _average(mine, n)
@@ -312,7 +314,9 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
             if p in views:
                 views[p][b0:b1].copy_(mine)
             else:
-                _peer_io(a, p, shm.write_peer(a.pid(p), addresses[p] + b0 * es, mine), mine.nbytes, what, "written")
+                done = shm.write_peer(pids[p], addresses[p] + b0 * es, mine)
+                if done != mine.nbytes:
+                    _peer_io(a, p, done, mine.nbytes, what, "written")
     a.sync(deadline, what)  # every push into this rank's tensor is done; no peer touches it after
 
 
@@ -326,7 +330,7 @@ def all_reduce_shm(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, dea
     tensors from ``shared_empty`` on every rank read in place (zero-copy).  Every rank ends with the same bits.
     ``UnsupportedError`` if the ranks are not on one host.
     """
-    a = getattr(t, "_zerocomm_shm", None)  # the arena, once made: the common case costs one lookup
+    a = t.local.arena  # the arena, once made
     nbytes = tensor.nbytes
     if a is None:
         if t.size == 1 or nbytes == 0:
@@ -487,6 +491,8 @@ def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, r
                 _peer_read(a, parity, p, 0, out[p * m:(p + 1) * m], what)
         a.sync(deadline, what)  # no rank changes its input before every reader has it
         return
+    if out is not None and len(readers) == n and m <= a.slot_bytes and a.gather_round(out, m, deadline, what):
+        return  # one C round: copy in, sync, copy every peer's slot out
     piece = _piece_bytes(a, segment_bytes)
     first, rounds = _rounds(a, m, piece)
     for k in range(rounds):

@@ -38,12 +38,6 @@
  * check (schedule 0: the collective; 1: recursive doubling, where `stage` holds three stages) with
  * `nbytes` of `data` riding; deadline None for none.  Returns 0 (agreed; data reduced when given), 1
  * (disagreed; data untouched), or the failure tuples of allreduce (with both requests for a message).
- *
- * rider(comm, stage, owner, kind, op, schedule, rank, size) wraps the same check for comm/_shortpath.c,
- * which runs a small blocking all_reduce from the public function to here without Python in between: a
- * capsule named "zerocomm.rider" whose first member is the function to call (see _shortpath.c for the
- * contract).  plain_rider(comm, datatype, op) is the same capsule for a group whose mismatch check is
- * off: its function runs allreduce on the tensor itself (any size; it never answers "disagreed").
  */
 #include "_mpifast.h"
 
@@ -178,7 +172,7 @@ static void settle_answers(answering_t *answering, double deadline) {
 
 /* -- the two schedules ------------------------------------------------------------------------------- */
 
-static unsigned long long checks_run = 0;  /* for the tests: every check, from agree or a rider, is counted */
+static unsigned long long checks_run = 0;  /* for the tests: every check is counted */
 
 /* The check in MPI's collective (see the comment at the top): 0 agreed (data reduced), 1 disagreed (data
  * untouched), 2 failed (*failure set to the failure's tuple, or NULL when building it raised). */
@@ -288,95 +282,6 @@ PyObject *checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int outcome = run_check((int)schedule, comm, stage, data, nbytes, (int)kind, (int)op, count, digest, tag, (int)rank,
                             (int)size, deadline, &failure);
     return outcome == 2 ? failure : PyLong_FromLong(outcome);
-}
-
-/* -- riders for the C short path ------------------------------------------------------------------- */
-
-/* A rider for the C short path (comm/_shortpath.c): its first member is the function that path calls. */
-typedef int (*ride_fn)(void *rider, void *data, Py_ssize_t nbytes, long long numel, long long digest, long long tag,
-                       double deadline, PyObject **failure);
-typedef struct {
-    ride_fn ride;
-    int comm, kind, op, schedule, rank, size;
-    stage_t *stage;
-    PyObject *keep;  /* the object that owns the stage's memory */
-} rider_t;
-
-static int ride(void *rider_, void *data, Py_ssize_t nbytes, long long numel, long long digest, long long tag,
-                double deadline, PyObject **failure) {
-    rider_t *rider = (rider_t *)rider_;
-    return run_check(rider->schedule, rider->comm, rider->stage, (unsigned char *)data, nbytes, rider->kind, rider->op,
-                     numel, digest, tag, rider->rank, rider->size, deadline, failure);
-}
-
-/* A plain rider (no check): `kind` and `op` hold the tensor's MPI datatype and op handles, `stage` is NULL. */
-static int ride_plain(void *rider_, void *data, Py_ssize_t nbytes, long long numel, long long digest,
-                      long long tag, double deadline, PyObject **failure) {
-    (void)nbytes, (void)digest, (void)tag;
-    rider_t *rider = (rider_t *)rider_;
-    if (numel == 0)
-        return 0;
-    return run(data, (int)numel, rider->kind, rider->op, rider->comm, deadline, NULL, failure) ? 0 : 2;
-}
-
-static void drop_rider(PyObject *capsule) {
-    rider_t *rider = (rider_t *)PyCapsule_GetPointer(capsule, "zerocomm.rider");
-    if (rider != NULL) {
-        Py_XDECREF(rider->keep);
-        PyMem_Free(rider);
-    }
-}
-
-PyObject *make_rider(PyObject *self, PyObject *args) {
-    unsigned long long comm;
-    PyObject *stage, *keep;
-    int kind, op, schedule, rank, size;
-    if (!PyArg_ParseTuple(args, "KOOiiiii", &comm, &stage, &keep, &kind, &op, &schedule, &rank, &size))
-        return NULL;
-    if (!bound())
-        return NULL;
-    if (kind < 0 || kind > 6 || op < 0 || op > 6 || (schedule != 0 && schedule != 1) || size < 1 || rank < 0 ||
-        rank >= size) {
-        PyErr_Format(PyExc_ValueError, "rider: kind %d, op %d, schedule %d or rank %d of %d unknown", kind, op, schedule,
-                     rank, size);
-        return NULL;
-    }
-    void *address = PyLong_AsVoidPtr(stage);
-    if (address == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "rider: no stage");
-        return NULL;
-    }
-    rider_t *rider = PyMem_Malloc(sizeof(rider_t));
-    if (rider == NULL)
-        return PyErr_NoMemory();
-    *rider = (rider_t){ride, (int)(unsigned int)comm, kind, op, schedule, rank, size, (stage_t *)address, keep};
-    Py_INCREF(keep);
-    PyObject *capsule = PyCapsule_New(rider, "zerocomm.rider", drop_rider);
-    if (capsule == NULL) {
-        Py_DECREF(keep);
-        PyMem_Free(rider);
-    }
-    return capsule;
-}
-
-PyObject *make_plain_rider(PyObject *self, PyObject *args) {
-    unsigned long long comm, datatype, op;
-    if (!PyArg_ParseTuple(args, "KKK", &comm, &datatype, &op))
-        return NULL;
-    if (!bound())
-        return NULL;
-    rider_t *rider = PyMem_Malloc(sizeof(rider_t));
-    if (rider == NULL)
-        return PyErr_NoMemory();
-    *rider = (rider_t){ride_plain, (int)(unsigned int)comm, (int)(unsigned int)datatype, (int)(unsigned int)op, 0, 0, 0,
-                       NULL, Py_NewRef(Py_None)};  /* see handle() */
-    PyObject *capsule = PyCapsule_New(rider, "zerocomm.rider", drop_rider);
-    if (capsule == NULL) {
-        Py_DECREF(Py_None);
-        PyMem_Free(rider);
-    }
-    return capsule;
 }
 
 PyObject *checks(PyObject *self, PyObject *unused) { return PyLong_FromUnsignedLongLong(checks_run); }

@@ -25,7 +25,10 @@
  * exchange of recursive doubling and of a two-rank tree in one call.  Returns 0, or a failure tuple
  * as allreduce's with ((send request, recv request)) in place of the one request.
  *
- * checked(...), rider(...), plain_rider(...) and checks(): the mismatch check, in _mpicheck.c.
+ * collective(kind, ...) posts MPI_Iallgather, MPI_Ireduce_scatter_block or MPI_Ibcast and waits as allreduce
+ * does (see the function).
+ *
+ * checked(...) and checks(): the mismatch check, in _mpicheck.c.
  */
 #include "_mpifast.h"
 
@@ -44,7 +47,14 @@ typedef int (*op_create_fn)(user_fn, int, int *);
 typedef int (*type_contiguous_fn)(int, int, int *);
 typedef int (*type_commit_fn)(int *);
 
+typedef int (*iallgather_fn)(const void *, int, int, void *, int, int, int, int *);
+typedef int (*ireduce_scatter_block_fn)(const void *, void *, int, int, int, int, int *);
+typedef int (*ibcast_fn)(void *, int, int, int, int, int *);
+
 iallreduce_fn mpi_iallreduce = NULL;
+static iallgather_fn mpi_iallgather = NULL;
+static ireduce_scatter_block_fn mpi_ireduce_scatter_block = NULL;
+static ibcast_fn mpi_ibcast = NULL;
 test_fn mpi_test = NULL;
 isend_fn mpi_isend = NULL;
 irecv_fn mpi_irecv = NULL;
@@ -102,6 +112,9 @@ static PyObject *bind(PyObject *self, PyObject *args) {
         stage_op = op;
     }
     mpi_iallreduce = iallreduce;
+    mpi_iallgather = (iallgather_fn)dlsym(library, "MPI_Iallgather");  /* NULL: collective() says so */
+    mpi_ireduce_scatter_block = (ireduce_scatter_block_fn)dlsym(library, "MPI_Ireduce_scatter_block");
+    mpi_ibcast = (ibcast_fn)dlsym(library, "MPI_Ibcast");
     mpi_test = test;
     mpi_isend = isend;
     mpi_irecv = irecv;
@@ -281,22 +294,56 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return failure;
 }
 
+/* collective(kind, comm, send, recv, count, datatype, op_or_root, deadline): post one nonblocking collective and
+ * wait for it as allreduce does.  kind 0: MPI_Iallgather(send or MPI_IN_PLACE when send is 0, count, datatype,
+ * recv, count, datatype); 1: MPI_Ireduce_scatter_block(send, recv, count, datatype, op); 2: MPI_Ibcast(recv, count,
+ * datatype, root).  Returns 0, or a failure tuple as allreduce's. */
+static PyObject *collective(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "collective(kind, comm, send, recv, count, datatype, op_or_root, deadline)");
+        return NULL;
+    }
+    if (!bound())
+        return NULL;
+    int kind = (int)PyLong_AsLong(args[0]), comm = handle(args[1]), datatype = handle(args[5]);
+    void *send = PyLong_AsVoidPtr(args[2]), *recv = PyLong_AsVoidPtr(args[3]);
+    int count = (int)PyLong_AsLong(args[4]);
+    int op_or_root = kind == 2 ? (int)PyLong_AsLong(args[6]) : handle(args[6]);
+    double deadline = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    int request = MPI_REQUEST_NULL_, done = 0, error = 0, outcome;
+    if (kind == 0 && mpi_iallgather != NULL)
+        error = mpi_iallgather(send == NULL ? MPI_IN_PLACE_ : send, count, datatype, recv, count, datatype, comm,
+                               &request);
+    else if (kind == 1 && mpi_ireduce_scatter_block != NULL)
+        error = mpi_ireduce_scatter_block(send, recv, count, datatype, op_or_root, comm, &request);
+    else if (kind == 2 && mpi_ibcast != NULL)
+        error = mpi_ibcast(recv, count, datatype, op_or_root, comm, &request);
+    else {
+        PyErr_Format(PyExc_ValueError, "collective: kind %d is not one this library offers", kind);
+        return NULL;
+    }
+    if (error != 0 || (error = mpi_test(&request, &done, MPI_STATUS_IGNORE_)) != 0)
+        return failed(2, PyLong_FromUnsignedLongLong(HANDLE(request)), error);
+    if (done || (outcome = wait_request(&request, deadline, &error, NULL)) == 0)
+        return PyLong_FromLong(0);
+    return failed(outcome, PyLong_FromUnsignedLongLong(HANDLE(request)), error);
+}
+
 static PyMethodDef methods[] = {
     {"checks", checks, METH_NOARGS, "checks() -> how many mismatch checks ran in C in this process (for tests)"},
     {"bind", bind, METH_VARARGS,
      "bind(path, MPI_BYTE handle, MPI_SOURCE index): take MPI's functions from the loaded MPICH library at path; the stage's size"},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(comm, address, count, datatype, op, deadline) -> 0 or (kind, request[, detail]); see the module"},
+    {"collective", (PyCFunction)(void (*)(void))collective, METH_FASTCALL,
+     "collective(kind, comm, send, recv, count, datatype, op_or_root, deadline) -> 0 or a failure; see the function"},
     {"exchange", (PyCFunction)(void (*)(void))exchange, METH_FASTCALL,
      "exchange(comm, send, recv, nbytes, peer, tag, deadline) -> 0 or (kind, (send, recv)[, detail]); see the module"},
     {"checked", (PyCFunction)(void (*)(void))checked, METH_FASTCALL,
      "checked(comm, stage, data, nbytes, kind, op, count, digest, tag, schedule, rank, size, deadline) -> 0 agreed, "
      "1 not, or a failure"},
-    {"plain_rider", make_plain_rider, METH_VARARGS,
-     "plain_rider(comm, datatype, op) -> a capsule for the C short path: allreduce of the tensor, no check"},
-    {"rider", make_rider, METH_VARARGS,
-     "rider(comm, stage, owner, kind, op, schedule, rank, size) -> a capsule for the C short path: checked() with a "
-     "tensor riding"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -64,8 +64,6 @@ void combine(void *in_, void *inout_, int *len, int *datatype);
 
 /* _mpicheck.c's functions for the module table. */
 PyObject *checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *make_rider(PyObject *self, PyObject *args);
-PyObject *make_plain_rider(PyObject *self, PyObject *args);
 PyObject *checks(PyObject *self, PyObject *unused);
 
 #endif

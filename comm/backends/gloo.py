@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import math
 import os
 import select
 import time
@@ -107,19 +106,25 @@ def _posted(post, buffers: list, *args, what, peer: Optional[int] = None, transp
 
 
 def _wait(work, what, timeout_s: Optional[float], peer: Optional[int] = None) -> None:
-    """Wait for a gloo ``Work``; ``what`` is a string or a ``(format, *args)`` tuple formatted only on failure."""
-    start = time.monotonic()
+    """Wait for a gloo ``Work`` at most ``timeout_s`` seconds (``None``: gloo's own bound); ``what`` is a string or
+    a ``(format, *args)`` tuple formatted only on failure."""
+    _wait_until(work, what, None if timeout_s is None else _monotonic() + timeout_s, peer)
+
+
+def _wait_until(work, what, deadline: Optional[float], peer: Optional[int] = None) -> None:
+    """:func:`_wait` by a ``deadline`` (``time.monotonic()`` seconds): a collective's wait, one clock read."""
     try:
-        if timeout_s is None:
+        if deadline is None:
             work.wait()
         else:
             # gloo counts whole milliseconds: round up, so its timeout never comes before ours.  torch treats
-            # a zero timedelta as "no timeout": never pass it.
-            work.wait(datetime.timedelta(milliseconds=max(math.ceil(timeout_s * 1000), 1)))
+            # a zero timedelta as "no timeout": never pass it.  (Arithmetic, not math.ceil: this runs per call.)
+            milliseconds = (deadline - _monotonic()) * 1000.0
+            work.wait(_timedelta(milliseconds=int(milliseconds) + 1 if milliseconds > 0.0 else 1))
     except RuntimeError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         what = what if isinstance(what, str) else what[0].format(*what[1:])
-        if timeout_s is not None and time.monotonic() - start + _CLOCK_SLACK_S >= timeout_s:
+        if deadline is not None and _monotonic() + _CLOCK_SLACK_S >= deadline:
             raise TimeoutError(f"{what} ({first_line})") from None
         raise PeerFailure(f"{what}: {first_line}", peer) from None
 
@@ -132,8 +137,8 @@ def _process_running(pid: int) -> bool:
         return False
 
 
-def _remaining(deadline: Optional[float]) -> Optional[float]:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+_monotonic = time.monotonic
+_timedelta = datetime.timedelta
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -154,14 +159,21 @@ class GlooBackend(Backend):
     name = "gloo"
     device_type = "cpu"
     ANY_SOURCE = True
-    CHECK_IN_SHARED_MEMORY = True
 
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta):
         self.store = store
         self.rank = rank
         self.size = size
         self.timeout = timeout
-        self.pg = td.ProcessGroupGloo(store, rank, size, timeout)
+        # One worker thread: gloo then runs the collectives it is given one after another, in the order given,
+        # as a stream does.  With two (torch's default), an asynchronous collective issued directly (``ISSUE``)
+        # could run beside the next one and read a buffer that one writes: ZeRO-3's steps ended 6e-5 to 2e-4
+        # off data parallel in 2 of 6 runs under load before this.
+        options = td.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._threads = 1
+        options._devices = [td.ProcessGroupGloo.create_default_device()]
+        self.pg = td.ProcessGroupGloo(store, rank, size, options)
         self._pidfds: dict = {}  # rank -> a pidfd of its process (see peer_exited), closed with the backend
         self._stage = torch.zeros(_STAGE, dtype=torch.float64)  # the mismatch check's stage (see ``agree``)
         self._stage_words = self._stage.numpy()
@@ -270,8 +282,7 @@ class GlooBackend(Backend):
         rides = 0 < numel <= _PAYLOAD and op in ("sum", "avg") and tensor.dtype in _RIDES and n < _EXACT_RANKS
         if rides:
             self._stage[_HEADER:_HEADER + numel].copy_(tensor)
-        _wait(self.pg.allreduce([self._stage], self._stage_options), "every rank to reach the mismatch check",
-              _remaining(deadline))
+        _wait_until(self.pg.allreduce([self._stage], self._stage_options), "every rank to reach the mismatch check", deadline)
         for k, piece in enumerate(pieces):
             if words[2 * k] != n * piece or words[2 * k + 1] != n * piece * piece:
                 return DISAGREE
@@ -284,64 +295,64 @@ class GlooBackend(Backend):
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel():
-            _wait(self.pg.allreduce([tensor], self._all_reduce_options[op]), "gloo allreduce", _remaining(deadline))
+        if tensor.nbytes:
+            _wait_until(self.pg.allreduce([tensor], self._all_reduce_options[op]), "gloo allreduce", deadline)
             if op == "avg":
                 finalize_(tensor, "avg", self.size)
 
     def broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel():
+        if tensor.nbytes:
             opts = _C.BroadcastOptions()
             opts.rootRank, opts.rootTensor = root, 0
-            _wait(self.pg.broadcast([tensor], opts), "gloo broadcast", _remaining(deadline))
+            _wait_until(self.pg.broadcast([tensor], opts), "gloo broadcast", deadline)
 
     def reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel() == 0:
+        if not tensor.nbytes:
             return
         opts = _C.ReduceOptions()
         opts.rootRank, opts.reduceOp = root, _TORCH_OPS["sum" if op == "avg" else op]
         work_tensor = tensor if self.rank == root else tensor.clone()
-        _wait(self.pg.reduce([work_tensor], opts), "gloo reduce", _remaining(deadline))
+        _wait_until(self.pg.reduce([work_tensor], opts), "gloo reduce", deadline)
         if self.rank == root and op == "avg":
             finalize_(tensor, "avg", self.size)
 
     def all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
-        if input.numel():
-            _wait(self.pg._allgather_base(output, input), "gloo allgather", _remaining(deadline))
+        if input.nbytes:
+            _wait_until(self.pg._allgather_base(output, input), "gloo allgather", deadline)
 
     def gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
-        if input.numel() == 0:
+        if not input.nbytes:
             return
         opts = _C.GatherOptions()
         opts.rootRank = root
         outputs: List[List[torch.Tensor]] = [list(output.chunk(self.size))] if self.rank == root else []
-        _wait(self.pg.gather(outputs, [input], opts), "gloo gather", _remaining(deadline))
+        _wait_until(self.pg.gather(outputs, [input], opts), "gloo gather", deadline)
 
     def scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
-        if output.numel() == 0:
+        if not output.nbytes:
             return
         opts = _C.ScatterOptions()
         opts.rootRank = root
         inputs = [list(input.chunk(self.size))] if self.rank == root else []
-        _wait(self.pg.scatter([output], inputs, opts), "gloo scatter", _remaining(deadline))
+        _wait_until(self.pg.scatter([output], inputs, opts), "gloo scatter", deadline)
 
     def reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
-        if output.numel() == 0:
+        if not output.nbytes:
             return
         opts = _C.ReduceScatterOptions()
         opts.reduceOp = _TORCH_OPS["sum" if op == "avg" else op]
-        _wait(self.pg._reduce_scatter_base(output, input, opts), "gloo reduce_scatter", _remaining(deadline))
+        _wait_until(self.pg._reduce_scatter_base(output, input, opts), "gloo reduce_scatter", deadline)
         if op == "avg":
             finalize_(output, "avg", self.size)
 
     def all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
         # No early return for a rank that sends and receives nothing: gloo's alltoall is a collective of
         # every rank, and the others would wait for this one until their deadline.
-        _wait(self.pg.alltoall_base(output, input, list(out_counts), list(in_counts), _C.AllToAllOptions()),
-              "gloo alltoall", _remaining(deadline))
+        _wait_until(self.pg.alltoall_base(output, input, list(out_counts), list(in_counts), _C.AllToAllOptions()),
+              "gloo alltoall", deadline)
 
     def barrier(self, *, tag, deadline, segment_bytes) -> None:
-        _wait(self.pg.barrier(_C.BarrierOptions()), "gloo barrier", _remaining(deadline))
+        _wait_until(self.pg.barrier(_C.BarrierOptions()), "gloo barrier", deadline)
 
     NATIVE = {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce, "all_gather": all_gather,
               "gather": gather, "scatter": scatter, "reduce_scatter": reduce_scatter, "all_to_all": all_to_all,
@@ -352,20 +363,20 @@ class GlooBackend(Backend):
         return (lambda: finalize_(tensor, "avg", self.size)) if op == "avg" else None
 
     def issue_all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> tuple:
-        if not tensor.numel():
+        if not tensor.nbytes:
             return None, None
         work = self.pg.allreduce([tensor], self._all_reduce_options[op])
         return GlooRequest(work, "gloo allreduce", tensor), self._avg_after(tensor, op)
 
     def issue_broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> tuple:
-        if not tensor.numel():
+        if not tensor.nbytes:
             return None, None
         opts = _C.BroadcastOptions()
         opts.rootRank, opts.rootTensor = root, 0
         return GlooRequest(self.pg.broadcast([tensor], opts), "gloo broadcast", tensor), None
 
     def issue_reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> tuple:
-        if tensor.numel() == 0:
+        if not tensor.nbytes:
             return None, None
         opts = _C.ReduceOptions()
         opts.rootRank, opts.reduceOp = root, _TORCH_OPS["sum" if op == "avg" else op]
@@ -374,12 +385,12 @@ class GlooBackend(Backend):
         return request, self._avg_after(tensor, op) if self.rank == root else None
 
     def issue_all_gather(self, output, input, *, tag, deadline, segment_bytes) -> tuple:
-        if not input.numel():
+        if not input.nbytes:
             return None, None
         return GlooRequest(self.pg._allgather_base(output, input), "gloo allgather", (output, input)), None
 
     def issue_gather(self, output, input, root, *, tag, deadline, segment_bytes) -> tuple:
-        if input.numel() == 0:
+        if not input.nbytes:
             return None, None
         opts = _C.GatherOptions()
         opts.rootRank = root
@@ -387,7 +398,7 @@ class GlooBackend(Backend):
         return GlooRequest(self.pg.gather(outputs, [input], opts), "gloo gather", (outputs, input)), None
 
     def issue_scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> tuple:
-        if output.numel() == 0:
+        if not output.nbytes:
             return None, None
         opts = _C.ScatterOptions()
         opts.rootRank = root
@@ -395,7 +406,7 @@ class GlooBackend(Backend):
         return GlooRequest(self.pg.scatter([output], inputs, opts), "gloo scatter", (output, inputs)), None
 
     def issue_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> tuple:
-        if output.numel() == 0:
+        if not output.nbytes:
             return None, None
         opts = _C.ReduceScatterOptions()
         opts.reduceOp = _TORCH_OPS["sum" if op == "avg" else op]
@@ -409,11 +420,7 @@ class GlooBackend(Backend):
     def issue_barrier(self, *, tag, deadline, segment_bytes) -> tuple:
         return GlooRequest(self.pg.barrier(_C.BarrierOptions()), "gloo barrier"), None
 
-    #: gloo's own asynchronous collectives, posted without waiting.  Not this backend's ``ISSUE`` by default:
-    #: with them issued directly, ZeRO-3 steps under load (both cores busy) ended 6e-5 to 2e-4 off data
-    #: parallel's losses in 2 of 6 runs, against 0 of 6 through the executor -- a race not found yet.  Until it
-    #: is, gloo's async calls go through the executor; the tests turn these on for a group of their own.
-    ISSUABLE = {"all_reduce": issue_all_reduce, "broadcast": issue_broadcast, "reduce": issue_reduce,
+    #: gloo's own asynchronous collectives, posted without waiting: gloo's one worker thread runs them in order.
+    ISSUE = {"all_reduce": issue_all_reduce, "broadcast": issue_broadcast, "reduce": issue_reduce,
              "all_gather": issue_all_gather, "gather": issue_gather, "scatter": issue_scatter,
              "reduce_scatter": issue_reduce_scatter, "all_to_all": issue_all_to_all, "barrier": issue_barrier}
-    ISSUE: dict = {}

@@ -223,7 +223,6 @@ class MpiBackend(Backend):
     name = "mpi"
     device_type = "cpu"
     ANY_SOURCE = True
-    ALGORITHMS_IN_CHECK = frozenset(("recursive_doubling", "tree"))  # tree: two ranks only (see ``_schedules``)
 
     def __init__(self, comm):
         MPI = _mpi()
@@ -254,6 +253,17 @@ class MpiBackend(Backend):
         bound = comm.allgather((int(bind_extension(MPI)), int.from_bytes(os.urandom(4), "little") >> 5))
         self._fast, self.tag_origin = _mpifast.allreduce if min(flag for flag, _ in bound) else None, bound[0][1]
         self._checked = _mpifast.checked if self._fast is not None else None
+        #: ``_mpifast.collective`` (all_gather, reduce_scatter, broadcast posted and waited for in C), or None; with
+        #: the MPI datatype handles that move each dtype's bytes, and the (datatype, op) handles that reduce it.
+        self._collective = _mpifast.collective if self._fast is not None else None
+        self._moves = {dtype: self._buffer_type(dtype).handle for dtype in _MOVED}
+        self._reduces = {}
+        for dtype in self._types:
+            for op in self._ops:
+                try:
+                    self._reduces[(dtype, op)] = (self._types[dtype].handle, self._op(op, dtype).handle)
+                except KeyError:  # an op bool does not admit
+                    pass
         self._exchange = _mpifast.exchange if self._fast is not None else None
         self._handle, self._p2p_handle = comm.handle, self.p2p.handle
         #: The mismatch check's buffer (see ``agree``), made once: [digest, -digest] through mpi4py, or
@@ -301,6 +311,11 @@ class MpiBackend(Backend):
         if mpi_type is None:  # bfloat16 (and float16 without MPIX_C_FLOAT16): 2-byte words
             mpi_type = self.MPI.INT16_T
         return [memory, numel if count is None else count, mpi_type]
+
+    def _buffer_type(self, dtype: torch.dtype):
+        """The MPI datatype ``_buffer`` describes ``dtype``'s elements as (2-byte words for bfloat16)."""
+        mpi_type = self._types.get(dtype)
+        return self.MPI.INT16_T if mpi_type is None else mpi_type
 
     def _op(self, op: str, dtype: torch.dtype):
         if dtype not in self._types:
@@ -441,23 +456,6 @@ class MpiBackend(Backend):
         self._run_all_reduce(self._agreement_spec, deadline, "every rank to reach the mismatch check", both)
         return AGREE if both[0] == -both[1] else DISAGREE
 
-    def rider(self, dtype, op, check: bool = True, algorithm: str = "native") -> Optional[tuple]:
-        # _mpifast's check with a tensor riding, or (check off) its MPI_Iallreduce of the tensor, for the short
-        # path in C; where agree would divide afterwards (AVG), the Python path runs instead.
-        ride = _RIDES.get((dtype, op))
-        schedule = self._schedules.get(algorithm) if check else (0 if algorithm == "native" else None)
-        if self._fast is None or ride is None or ride[4] or schedule is None:
-            return None
-        if not check:
-            return _mpifast.plain_rider(self._handle, self._types[dtype].handle, self._ops[op].handle), _INT_MAX, ride[3]
-        return (_mpifast.rider(self._handle, self._agreement_address, self._agreement, ride[0], ride[1], schedule,
-                               self.rank, self.size), ride[2], ride[3])
-
-    def rider_failed(self, failure, tensor: Optional[torch.Tensor] = None) -> NoReturn:
-        if tensor is not None:  # a plain rider's MPI_Iallreduce: MPI may still write into the tensor
-            self._fast_failed(failure, "MPI Iallreduce", tensor)
-        self._fast_failed(failure, "every rank to reach the mismatch check", self._agreement, cancel=False)  # see agree
-
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
         # The short path of a small blocking all_reduce: one dictionary lookup finds the MPI buffer
@@ -513,7 +511,12 @@ class MpiBackend(Backend):
         return spec
 
     def broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel():
+        if tensor.nbytes and self._collective is not None:  # posted and waited for in C
+            outcome = self._collective(2, self._handle, 0, tensor.data_ptr(), tensor.nbytes // tensor.itemsize,
+                                       self._moves[tensor.dtype], root, -1.0 if deadline is None else deadline)
+            if outcome:
+                self._fast_failed(outcome, "MPI Ibcast", tensor)
+        elif tensor.nbytes:
             _wait(self.comm.Ibcast(self._buffer(tensor), root=root), "MPI Ibcast", deadline, None, self._orphans,
                   tensor)
 
@@ -531,9 +534,18 @@ class MpiBackend(Backend):
             finalize_(tensor, "avg", self.size)
 
     def all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
-        m = input.numel()
-        if m == 0:
+        nbytes = input.nbytes
+        if nbytes == 0:
             return
+        if self._collective is not None:  # posted and waited for in C; in place where input is this rank's chunk
+            into, mine = output.data_ptr(), input.data_ptr()
+            outcome = self._collective(0, self._handle, 0 if into + self.rank * nbytes == mine else mine, into,
+                                       nbytes // input.itemsize, self._moves[input.dtype], 0,
+                                       -1.0 if deadline is None else deadline)
+            if outcome:
+                self._fast_failed(outcome, "MPI Iallgather", (output, input))
+            return
+        m = input.numel()
         out = self._buffer(output, count=m)  # count per rank
         own = output[self.rank * m:(self.rank + 1) * m]
         send = self.MPI.IN_PLACE if own.data_ptr() == input.data_ptr() else self._buffer(input)
@@ -556,9 +568,23 @@ class MpiBackend(Backend):
               self._orphans, (output, input))
 
     def reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
-        m = output.numel()
-        if m == 0:
+        nbytes = output.nbytes
+        if nbytes == 0:
             return
+        handles = self._reduces.get((output.dtype, op)) if self._collective is not None else None
+        if handles is not None:  # posted and waited for in C (MPI needs distinct buffers: a copy where they overlap)
+            into, source = output.data_ptr(), input.data_ptr()
+            if into < source + input.nbytes and source < into + nbytes:
+                input = input.clone()
+                source = input.data_ptr()
+            outcome = self._collective(1, self._handle, source, into, nbytes // output.itemsize, handles[0],
+                                       handles[1], -1.0 if deadline is None else deadline)
+            if outcome:
+                self._fast_failed(outcome, "MPI Ireduce_scatter_block", (output, input))
+            if op == "avg":
+                finalize_(output, "avg", self.size)
+            return
+        m = output.numel()
         if _overlaps(output, input):
             input = input.clone()
         _wait(self.comm.Ireduce_scatter_block(self._buffer(input, count=m), self._buffer(output),
@@ -582,6 +608,11 @@ class MpiBackend(Backend):
     NATIVE = {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce, "all_gather": all_gather,
               "gather": gather, "scatter": scatter, "reduce_scatter": reduce_scatter, "all_to_all": all_to_all,
               "barrier": barrier}
+
+
+#: The dtypes whose bytes the C collectives move (``MpiBackend._moves``): every dtype zerocomm moves.
+_MOVED = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32, torch.int64,
+          torch.uint8, torch.bool)
 
 
 def _displacements(counts) -> list:

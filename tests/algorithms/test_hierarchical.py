@@ -119,9 +119,9 @@ def _calls(t, names, count):
         x = torch.ones(1000)
         all_reduce_hierarchical(t, x, "sum", tag=2, deadline=deadline(), segment_bytes=0)
         assert torch.equal(x, torch.full((1000,), float(t.size)))
-    subs = [c for c in getattr(t, hierarchical._ATTR).comms.values() if c is not None and c is not t]
+    subs = [c for c in t.local.hierarchy.comms.values() if c is not None and c is not t]
     hierarchical.release(t)
-    return splits, len(subs), hasattr(t, hierarchical._ATTR)
+    return splits, len(subs), t.local.hierarchy is not None
 
 
 def test_sub_communicators_are_made_once_cached_and_released():

@@ -148,7 +148,7 @@ def test_arena_agrees_on_reading_peers_memory(monkeypatch, allowed):
 
     def body(t):
         fn("barrier")(t, tag=1, deadline=time.monotonic() + 10, segment_bytes=64)
-        return t._zerocomm_shm.cross_memory
+        return t.local.arena.cross_memory
 
     assert run_ranks(3, body, timeout_s=30) == [allowed and _cross_memory_works()] * 3
 

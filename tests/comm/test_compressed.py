@@ -311,7 +311,8 @@ def test_any_inner_algorithm_serves_the_sub_collectives(world):
 
 def test_sub_algorithm_falls_back_to_ring_per_collective():
     from zerocomm.comm.algorithms import ALGORITHMS, ALGORITHM_NAMES, COMPRESSED
-    from zerocomm.comm.algorithms.compressed import SUB_COLLECTIVES, sub_algorithm
+    from zerocomm.comm.algorithms import sub_algorithm
+    from zerocomm.comm.algorithms.compressed import SUB_COLLECTIVES
 
     assert sub_algorithm("all_to_all", "native") == sub_algorithm("all_gather", "native") == "native"
     assert (sub_algorithm("all_to_all", "tree"), sub_algorithm("all_gather", "tree")) == ("ring", "tree")

@@ -336,9 +336,9 @@ def _without_a_segment(blocked_rank):
         except dist.UnsupportedError as error:
             refused = str(error)
         dist.all_reduce(x, group=group, algorithm="native")  # no segment: the backend checks, the call runs
-        dist.all_reduce(x, group=group, algorithm="native")  # the short path, built again without the segment
+        dist.all_reduce(x, group=group, algorithm="native")  # the cell's plan, made again without the segment
         backend = group.zerocomm_group.communicator
-        fell_back = bool(backend.__dict__.get("_zerocomm_no_segment")) and "_zerocomm_shm" not in backend.__dict__
+        fell_back = backend.local.no_segment and backend.local.arena is None
         try:
             dist.all_reduce(torch.ones(5 if rank == n - 1 else 4), group=group, algorithm="native")
             mismatch = "no error"
@@ -368,7 +368,7 @@ def _auto_without_a_segment(blocked_rank, probe):
 
     import torch
 
-    from zerocomm.comm import topology
+    from zerocomm.comm import shm
     from zerocomm.comm.validate import choose_algorithm
     rank, n = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(list(range(n)))
@@ -380,8 +380,10 @@ def _auto_without_a_segment(blocked_rank, probe):
     before = chosen()
     restore = _refuse_segments(rank == blocked_rank)
     try:
-        probed = topology.probe_shared_memory(inner.communicator, tag=7, deadline=time.monotonic() + 20) \
+        probed = shm.probe_shared_memory(inner.communicator, tag=7, deadline=time.monotonic() + 20) \
             if probe else None
+        if probe:  # init probes before any call is planned; here "before" planned one: plan again, as after init
+            inner.forget_plans()
         x = torch.full((3,), float(rank + 1))
         try:
             dist.all_reduce(x, group=group)  # "auto": small, on one host

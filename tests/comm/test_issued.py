@@ -1,4 +1,4 @@
-"""Asynchronous native calls are issued to the backend directly: gloo runs them on its own threads, so
+"""Asynchronous native calls are issued to the backend directly: gloo runs them on its own thread, so
 an ``async_op=True`` call of a native collective returns a Work that waits on gloo's own request, and
 the group's executor thread is never started.  The order of a group's calls still holds: a native
 call made while a call written in Python is queued or running goes behind it, through the executor.
@@ -14,16 +14,10 @@ from support.worlds import worlds
 
 def _fresh_group():
     """A new group over every rank (the pool's default group may have run calls through its executor before),
-    and its ``Group``, with gloo's asynchronous collectives issued directly (``GlooBackend.ISSUABLE``; off by
-    default, see there)."""
+    and its ``Group``."""
     import zerocomm.comm as zdist
-    from zerocomm.comm.backends.gloo import GlooBackend
     from zerocomm.comm.validate import resolve_group
-    GlooBackend.ISSUE = GlooBackend.ISSUABLE
-    try:
-        handle = zdist.new_group(list(range(zdist.get_world_size())))
-    finally:
-        GlooBackend.ISSUE = {}
+    handle = zdist.new_group(list(range(zdist.get_world_size())))
     return handle, resolve_group(handle, "test")
 
 

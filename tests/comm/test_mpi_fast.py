@@ -1,8 +1,8 @@
 """The MPI backend's two ways of running an all_reduce, the mismatch check and an exchange: the optional C hot loop
 (``_mpifast``) and mpi4py.  Every case runs both ways in one job and must give the same results, the
 same ``CollectiveMismatchError`` and the same timeout; the C way is skipped, with the reason, where the
-extension was not built.  The short path (a blocking SUM all_reduce of a cell seen before) runs the
-mismatch check too: a counter on ``Backend.agree`` shows that it did.
+extension was not built.  A call of a cell planned before runs the mismatch check too: a counter on
+``Backend.agree`` shows that it did.
 """
 import collections
 import contextlib
@@ -18,11 +18,9 @@ from support.worlds import worlds
 
 import zerocomm.comm as dist
 
-#: "c": the check in C, and the riding short path in C (``_shortpath``) too; "c check": the check in C
-#: from the short path's Python steps (no rider); "mpi4py": everything through mpi4py.
-WAYS = ["c", "c check", "mpi4py"]
+#: "c": the check (and a small all_reduce riding in it) in C, ``_mpicheck.c``; "mpi4py": everything through mpi4py.
+WAYS = ["c", "mpi4py"]
 NOT_BUILT = "the _mpifast extension was not built or not bound (no compiler, or an MPI other than MPICH)"
-SHORT_PATH_NOT_BUILT = "the _shortpath extension was not built (no compiler)"
 
 
 def _backend(group=None):
@@ -37,28 +35,20 @@ def _group(group=None):
 
 @contextlib.contextmanager
 def _way(way: str, group=None):
-    """Make ``group``'s backend run ``way`` inside the block; yields why not where it cannot, else None.
-    The group's short-path rows are dropped on the way in and out: a row keeps the rider it was made with."""
+    """Make ``group``'s backend run ``way`` inside the block, checking through the backend as across hosts;
+    yields why not where it cannot, else None."""
     backend, g = _backend(group), _group(group)
     saved = backend._fast
     if saved is None:
         yield NOT_BUILT
         return
-    if way == "c" and sys.modules["zerocomm.comm.group"]._shortpath is None:
-        yield SHORT_PATH_NOT_BUILT
-        return
     if way == "mpi4py":
         backend._fast = None
-    if way == "c check":
-        backend.rider = lambda dtype, op, check=True, algorithm="native": None
-    g.short.clear()
     try:
         with checks_through_the_backend(g):  # as across hosts: on one host every check runs in the segment
             yield None
     finally:
         backend._fast = saved
-        backend.__dict__.pop("rider", None)
-        g.short.clear()
 
 
 def _skip_where_not_built(out: dict) -> None:
@@ -103,8 +93,8 @@ def _expected(n: int, numel: int, dtype, op: str) -> torch.Tensor:
 
 
 def results_both_ways() -> dict:
-    """Every (dtype, op) cell at 0, 1, 7 and 1000 elements, twice (the second call takes the short path for
-    SUM), each way; the number of mismatch checks the calls ran."""
+    """Every (dtype, op) cell at 0, 1, 7 and 1000 elements, twice (the second call runs the cell's plan from the
+    cache), each way; the number of mismatch checks the calls ran."""
     n, rank = dist.get_world_size(), dist.get_rank()
     backend = _backend()
     out = {}
@@ -134,7 +124,7 @@ def results_both_ways() -> dict:
                                 wrong.append((str(dtype), op, numel, tensor[:4].tolist(), expected[:4].tolist()))
             finally:
                 del backend.agree
-            # The C way's checks all run in C (agree's and the rider's); the others' through agree.
+            # The C way's checks run in C (through agree); the others' through agree too.
             ran = _c_checks() - in_c if way != "mpi4py" else checks[0]
             out[way] = {"wrong": wrong, "checks": ran, "calls": 2 * 4 * len(CASES)}
     return out
@@ -145,13 +135,13 @@ def test_all_reduce_gives_the_same_results_both_ways(world):
     outs = world.run(results_both_ways, timeout=120)
     for rank, way, seen in _each_way(outs, WAYS):
         assert seen["wrong"] == [], (rank, way, seen["wrong"][:3])
-        # every call is checked (default settings), the short path's too
+        # every call is checked (default settings), a planned cell's too
         assert seen["checks"] == seen["calls"], (rank, way, seen)
     _skip_where_not_built(outs[0])
 
 
-def mismatch_on_the_short_path() -> dict:
-    """Cells warmed first (so every rank takes the short path), then the last rank calls a different size,
+def mismatch_on_a_planned_cell() -> dict:
+    """Cells warmed first (so every rank runs its cached plan), then the last rank calls a different size,
     then a different dtype; each must raise CollectiveMismatchError on every rank and leave the group usable."""
     n, rank = dist.get_world_size(), dist.get_rank()
     odd = rank == n - 1
@@ -166,9 +156,12 @@ def mismatch_on_the_short_path() -> dict:
                 for dtype in (torch.float32, torch.float64):
                     for _ in range(2):
                         dist.all_reduce(torch.ones(4, dtype=dtype), algorithm=algorithm)
-                from zerocomm.comm.group import CHECK_OFF, WORLD
-                rows = [WORLD.default.short.get((algorithm, dtype)) for dtype in (torch.float32, torch.float64)]
-                seen[f"short path checked {algorithm}"] = all(r is not None and r[0][2] != CHECK_OFF for r in rows)
+                from zerocomm.comm.group import WORLD
+                plans = [plan for key, plan in WORLD.plans.items()  # (form, group, op, async_op, algorithm, .., dtype)
+                         if key[0] == "all_reduce" and key[1] is None and key[3] is False and key[4] == algorithm
+                         and key[-1] in (torch.float32, torch.float64)]
+                seen[f"planned and checked {algorithm}"] = len(plans) == 2 and all(
+                    row.checker is not None for plan in plans for row in plan.rows)
                 for kind, tensor in (("size", torch.ones(5 if odd else 4)),
                                      ("dtype", torch.ones(4, dtype=torch.float64 if odd else torch.float32))):
                     kind = f"{kind} {algorithm}"
@@ -186,8 +179,8 @@ def mismatch_on_the_short_path() -> dict:
 
 
 @pytest.mark.parametrize("world", worlds(("mpi",), (2, 3)), indirect=True)
-def test_a_mismatch_on_the_short_path_raises_on_every_rank_both_ways(world):
-    outs = world.run(mismatch_on_the_short_path, timeout=120)
+def test_a_mismatch_on_a_planned_cell_raises_on_every_rank_both_ways(world):
+    outs = world.run(mismatch_on_a_planned_cell, timeout=120)
     n = len(outs)
     for rank, out in enumerate(outs):
         for way in WAYS:
@@ -195,7 +188,7 @@ def test_a_mismatch_on_the_short_path_raises_on_every_rank_both_ways(world):
                 continue
             seen = out[way]
             for algorithm in (None, "native"):
-                assert seen[f"short path checked {algorithm}"], (rank, way, seen)
+                assert seen[f"planned and checked {algorithm}"], (rank, way, seen)
                 for kind in (f"size {algorithm}", f"dtype {algorithm}"):
                     name, message, untouched = seen[kind]
                     assert name == "CollectiveMismatchError", (rank, way, kind, seen[kind])
@@ -207,13 +200,13 @@ def test_a_mismatch_on_the_short_path_raises_on_every_rank_both_ways(world):
 
 def late_peer_in_the_check(algorithm: str) -> dict:
     """Rank 0 times out in a 1 s group's mismatch check while rank 1 is late, each way, in the first call
-    of the cell (the full path) and in a later one (the short path): a typed error in time, the check's
+    of the cell (the full checks) and in a later one (its plan from the cache): a typed error in time, the check's
     buffer kept with its posted requests, the group unusable after, the world fine.  ``algorithm``:
     native (the check in MPI's collective) or recursive_doubling (in its own messages, in C)."""
     rank = dist.get_rank()
     out = {}
     for way in WAYS:
-        for path in ("full path", "short path"):
+        for path in ("first call", "planned cell"):
             group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))
             switch = _way(way, group)
             unavailable = switch.__enter__()
@@ -223,7 +216,7 @@ def late_peer_in_the_check(algorithm: str) -> dict:
                 break
             seen = {}
             backend = _backend(group)
-            if path == "short path":  # the cell admitted, on time
+            if path == "planned cell":  # the cell planned, on time
                 for _ in range(2):
                     dist.all_reduce(torch.ones(2), group=group, algorithm=algorithm)
             if rank == 1:
@@ -270,47 +263,13 @@ def test_a_late_peer_times_out_in_the_check_both_ways(world, algorithm):
     _skip_where_not_built(outs[0])
 
 
-def one_rank_in_c() -> dict:
-    """Rank 0 runs the riding short path in C, the others its Python steps: their digests and the bytes on
-    the wire must be the same, so the calls agree and reduce."""
-    from zerocomm.comm.group import WORLD
-    if sys.modules["zerocomm.comm.group"]._shortpath is None or _backend()._fast is None:
-        return {"skip": f"{SHORT_PATH_NOT_BUILT}, or {NOT_BUILT}"}
-    from zerocomm.comm import validate
-    rank = dist.get_rank()
-    results, disagreed = [], []
-    name_mismatch = validate.name_mismatch
-    validate.name_mismatch = lambda *args: disagreed.append(args) or name_mismatch(*args)
-    try:
-        for numel in (1, 2, 56):  # 56 float32s: the most that ride
-            for _ in range(3):
-                WORLD.rides = rank == 0  # what the public all_reduce reads to enter the C short path
-                tensor = torch.full((numel,), float(rank + 1))
-                dist.all_reduce(tensor, algorithm="native")
-                results.append(tensor.tolist() == [float(sum(range(1, dist.get_world_size() + 1)))] * numel)
-    finally:
-        validate.name_mismatch = name_mismatch
-        WORLD.rides = True
-    # A digest that differed would still end right (the fingerprints compared equal), but through a mismatch.
-    return {"all right": all(results), "calls": len(results), "digests differed": len(disagreed)}
-
-
-@pytest.mark.parametrize("world", worlds(("mpi",), (2, 3)), indirect=True)
-def test_the_c_and_the_python_short_path_agree(world):
-    outs = world.run(one_rank_in_c, timeout=60)
-    if "skip" in outs[0]:
-        pytest.skip(outs[0]["skip"])
-    assert all(out == {"all right": True, "calls": 9, "digests differed": 0} for out in outs), outs
-
-
 def test_the_check_digest_is_the_same_in_every_process():
     """Ranks compare digests computed in different processes: no string or object hash may enter them
     (Python salts those per process), so two interpreters with different hash seeds must agree."""
     import os
     import subprocess
     import sys
-    probe = ("import torch; from zerocomm.comm.group import digest;"
-             "from zerocomm.comm.validate import fingerprint_cell;"
+    probe = ("import torch; from zerocomm.comm.check import digest, fingerprint_cell;"
              "cell = fingerprint_cell('all_reduce', 'sum', torch.float32, -1, 'native');"
              "print(digest(1048577, 2, hash(cell)), cell)")
     outputs = {subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120,
@@ -327,7 +286,7 @@ def _with_the_world_checked(out: dict) -> dict:
 
 
 #: The ways ``exchange`` runs: in C (``_mpifast.exchange``), or as ``irecv`` + ``isend`` through mpi4py.
-EXCHANGE_WAYS = ["c check", "mpi4py"]
+EXCHANGE_WAYS = ["c", "mpi4py"]
 
 
 def _exchanges_per_call(n: int, rank: int, algorithm: str, numel: int, dtype, op: str) -> int:
@@ -377,7 +336,7 @@ def exchange_results_both_ways() -> dict:
             finally:
                 backend._exchange = fast_exchange
             out[way] = {"wrong": wrong, "in C": in_c[0],
-                        "expected in C": expected_exchanges if way == "c check" else 0}
+                        "expected in C": expected_exchanges if way == "c" else 0}
     return out
 
 
@@ -448,12 +407,9 @@ def test_a_late_peer_times_out_in_an_exchange_both_ways(world):
     _skip_where_not_built(outs[0])
 
 
-#: The ways a native SUM all_reduce runs with the mismatch check off: the short path in C with the backend's
-#: plain rider ("c"), the short path's Python steps ("c check": no rider), or everything through mpi4py.
+#: The dtypes of a native SUM all_reduce with the mismatch check off, run each way.
 UNCHECKED_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.int8, torch.uint8, torch.float16,
                     torch.bfloat16)
-#: Those the plain rider does not take (MPI sums them through MPIX_C_FLOAT16 or a zerocomm user op).
-NO_PLAIN_RIDER = ("torch.float16", "torch.bfloat16")
 
 
 @contextlib.contextmanager
@@ -468,8 +424,8 @@ def _check_off():
 
 def unchecked_results_each_way() -> dict:
     """Native SUM all_reduce of every dtype at 0, 1, 7, 1000 and 100000 elements, twice, with the check off,
-    each way: the results, and per dtype how many calls ran the backend's Python all_reduce (the C short
-    path runs none after a cell's first call; float16 and bfloat16 have no plain rider)."""
+    each way: the results, and per dtype how many calls ran the backend's all_reduce (every non-empty one: with the
+    check off nothing rides)."""
     from zerocomm.comm.backends.mpi import MpiBackend
     n, rank = dist.get_world_size(), dist.get_rank()
     out = {}
@@ -484,8 +440,8 @@ def unchecked_results_each_way() -> dict:
                 in_python[str(tensor.dtype)] += 1
                 return native(backend, tensor, *args, **kwargs)
 
-            MpiBackend.NATIVE["all_reduce"] = counted  # short-path rows take it when they are made
-            _group().short.clear()
+            MpiBackend.NATIVE["all_reduce"] = counted  # plans take it when they are made
+            _group().forget_plans()
             wrong = []
             try:
                 for dtype in UNCHECKED_DTYPES:
@@ -497,27 +453,24 @@ def unchecked_results_each_way() -> dict:
                                 wrong.append((str(dtype), numel, tensor[:4].tolist()))
             finally:
                 MpiBackend.NATIVE["all_reduce"] = native
-                _group().short.clear()
+                _group().forget_plans()
             out[way] = {"wrong": wrong, "in python": dict(in_python)}
     return out
 
 
 @pytest.mark.parametrize("world", worlds(("mpi",), (1, 2, 3)), indirect=True)
-def test_with_the_check_off_a_native_all_reduce_runs_in_c_with_the_same_results(world):
+def test_with_the_check_off_a_native_all_reduce_gives_the_same_results_each_way(world):
     outs = world.run(unchecked_results_each_way, timeout=120)
     for rank, way, seen in _each_way(outs, WAYS):
         assert seen["wrong"] == [], (rank, way, seen["wrong"][:3])
         for dtype in map(str, UNCHECKED_DTYPES):
             calls = seen["in python"].get(dtype, 0)
-            if way == "c" and dtype not in NO_PLAIN_RIDER:
-                assert calls <= 1, (rank, way, dtype, seen)  # the cell's first call, on the full path
-            else:
-                assert calls >= 8, (rank, way, dtype, seen)  # every non-empty call
+            assert calls >= 8, (rank, way, dtype, seen)  # every non-empty call
     _skip_where_not_built(outs[0])
 
 
 def late_peer_with_the_check_off() -> dict:
-    """Rank 0 times out in a 1 s group's native all_reduce, check off, on the short path (the cell admitted on
+    """Rank 0 times out in a 1 s group's native all_reduce, check off, from the cell's cached plan (planned on
     time) while rank 1 is late, each way: a typed error in time, the tensor kept with the request MPI may still
     write through, the group unusable after, the world fine."""
     rank = dist.get_rank()

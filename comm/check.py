@@ -1,0 +1,197 @@
+"""The mismatch check: every rank of a group makes the same call, checked in this one module.
+
+A collective whose ranks disagree -- a different collective, size, dtype, op, root or algorithm --
+gives garbage, a hang or an abort on the wire.  So before a call moves a byte, every rank of its
+group takes part in one small round that compares a 62-bit :func:`digest` of the call's
+fingerprint ``(tag, numel, collective, op, dtype, root, algorithm)``; where the digests differ, every
+rank all-gathers the whole fingerprints and raises ``CollectiveMismatchError`` naming the first two
+ranks that differ (:func:`name_mismatch`).  On by default; ``ZEROCOMM_CHECK=0`` turns it off and
+``ZEROCOMM_DEBUG=1`` all-gathers the fingerprints on every call.
+
+A plan (``plan.py``) picks its row's checker once, with :func:`checker_for`; ``Group.execute``
+runs it before the call's function -- the check wraps the plan, no route carries it inside.  The
+checkers, one per way a group's ranks can meet:
+
+* :func:`in_segment` -- every rank on one host, sharing a segment (``topology.shares_memory``):
+  one round of the shared-memory arena's step words (a few µs).  A small all_reduce asked of the
+  backend ("native", at most ``RIDE_BYTES``, a dtype and op the C round reduces: the plan's
+  ``ride``) rides in that round and is done by it.
+* :func:`in_first_sync` -- an "shm" call on such a group: armed here, compared in the call's own
+  first sync (no round of its own); :func:`settle` after the call runs it if the call never synced.
+* :func:`through_backend` -- ranks on several hosts: ``Backend.agree``, the backend's own round
+  trip (about one small native all_reduce), where the backend may carry a small all_reduce too.
+* :func:`full` -- debug: the whole fingerprints, all-gathered on every call.
+
+[Note: one place per group]  Where "shm" calls can run, every call of the group checks in the
+segment, whatever its algorithm: a call checked through the backend could not meet a peer that
+made an "shm" call in its place, and both would wait out the deadline.  Across hosts no call runs
+as "shm", and every call checks through the backend.
+
+A checker is ``checker(call, tag, deadline) -> bool``: True when the call's all_reduce rode in the
+check and is done (``Group.execute`` then skips the call's function).  It raises
+``TimeoutError`` or ``PeerFailure`` as a collective would, ``shm.CallMismatch`` from a segment round,
+or ``CollectiveMismatchError``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from . import shm
+from .algorithms import ALGORITHM_NAMES, COLLECTIVES
+from .errors import CollectiveMismatchError, UnsupportedError
+from .reduce_op import SUPPORTED_DTYPES
+from .topology import shares_memory
+from .transport import AGREE_AND_REDUCED, DISAGREE, USER_TAG_LIMIT
+
+#: A digest is kept to 62 bits, so that it and its negation fit an int64 (MPI's check reduces both).
+DIGEST_MASK = (1 << 62) - 1
+
+#: The largest all_reduce (bytes) that rides in the segment's check round instead of running on the backend.
+RIDE_BYTES = 4096
+
+_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
+_DTYPES = frozenset(SUPPORTED_DTYPES)
+
+Checker = Callable[..., bool]
+
+
+def digest(tag: int, numel: int, cell_code: int) -> int:
+    """The check's hash of one call: its tag (the group's sequence number), its element count and its cell
+    (``hash`` of :func:`fingerprint_cell`: small ints, so the hash is the same in every process)."""
+    return hash((tag, numel, cell_code)) & DIGEST_MASK
+
+
+def fingerprint_cell(collective: str, op: Optional[str], dtype: torch.dtype, root: int, algorithm: str) -> tuple:
+    """(collective, op, dtype, root, algorithm) as small ints: a call's fingerprint is ``(tag, numel, *cell)``."""
+    dtype_id = SUPPORTED_DTYPES.index(dtype) if dtype in _DTYPES else -1
+    return (COLLECTIVES.index(collective), _OPS.index(op) if op else -1, dtype_id, root,
+            ALGORITHM_NAMES.index(algorithm))
+
+
+def describe(row) -> str:
+    """A fingerprint ``(tag, numel, *cell)`` in words, for error messages."""
+    tag, numel, coll, op, dtype_id, root, alg = (int(v) for v in row)
+    dtype = SUPPORTED_DTYPES[dtype_id] if 0 <= dtype_id < len(SUPPORTED_DTYPES) else "?"
+    return (f"call #{tag - USER_TAG_LIMIT} {COLLECTIVES[coll]}{'' if op < 0 else f' {_OPS[op].upper()}'} of "
+            f"{'per-rank' if numel < 0 else numel} elements of {dtype}{'' if root < 0 else f' with root {root}'} "
+            f"(algorithm {ALGORITHM_NAMES[alg]})")
+
+
+# -- choosing a checker, once per plan row -----------------------------------------------------------
+
+def checker_for(group, algorithm: str, config) -> Optional[Checker]:
+    """The checker of ``group``'s calls by ``algorithm`` under ``config`` (``CommConfig``), or ``None``: the
+    check is off, or the group has one rank (no peer to differ from)."""
+    if group.communicator.size == 1 or not (config.check or config.debug):
+        return None
+    if config.debug:
+        return full
+    if shares_memory(group.communicator):
+        return in_first_sync if algorithm == "shm" else in_segment
+    return through_backend
+
+
+def _fingerprint(call, tag: int) -> tuple:
+    return (tag, call.numel, *call.check[1])
+
+
+def _reached(call, tag: int, error: TimeoutError) -> TimeoutError:
+    return TimeoutError(f"every rank to reach the mismatch check of {describe(_fingerprint(call, tag))} ({error}); "
+                        "a rank that never arrives is alive but stuck, or called something else first")
+
+
+def _arena(call, tag: int, deadline: Optional[float]):
+    """The group's arena, made by its first check (every rank together); ``None`` where the ranks turned out
+    unable to share a segment (every rank alike): the group's plans are then made again, checking through
+    the backend."""
+    try:
+        return shm.arena(call.group.communicator, tag=tag, deadline=deadline)
+    except UnsupportedError:
+        call.group.forget_plans()
+        return None
+
+
+def in_segment(call, tag: int, deadline: Optional[float]) -> bool:
+    """One round of the arena's step words comparing the digests; a small all_reduce asked of the backend
+    ("native", a dtype and op the C round reduces, at most ``RIDE_BYTES``) rides in it and is done."""
+    arena = call.group.communicator.local.arena
+    code = hash((tag, call.numel, call.check[0])) & DIGEST_MASK  # = digest(), inlined: every call pays it
+    try:
+        if arena is None:
+            arena = _arena(call, tag, deadline)
+            if arena is None:
+                return through_backend(call, tag, deadline)
+        ride = call.ride
+        if ride is not None and shm.FAST_ROUNDS:
+            arena.checked_round(code, (tag, call.numel, *call.check[1]), call.args[0].data_ptr(), call.numel, ride[0],
+                                ride[1], deadline)
+            return True
+        arena.checked_round(code, (tag, call.numel, *call.check[1]), 0, 0, 0, 0, deadline)
+    except TimeoutError as error:
+        raise _reached(call, tag, error) from None
+    return False
+
+
+def in_first_sync(call, tag: int, deadline: Optional[float]) -> bool:
+    """Arm the check of an "shm" call: its first sync compares the digests (no round of its own)."""
+    arena = call.group.communicator.local.arena
+    if arena is None:
+        try:
+            arena = shm.arena(call.group.communicator, tag=tag, deadline=deadline)
+        except TimeoutError as error:
+            raise _reached(call, tag, error) from None
+        except UnsupportedError:  # no segment after all (every rank alike): "auto" chooses again from now on
+            call.group.forget_plans()
+            raise
+    arena.expect(hash((tag, call.numel, call.check[0])) & DIGEST_MASK, (tag, call.numel, *call.check[1]))
+    return False
+
+
+def settle(call, deadline: Optional[float]) -> None:
+    """After an "shm" call armed by :func:`in_first_sync`: run its check if the call never synced."""
+    arena = call.group.communicator.local.arena
+    if arena is not None and arena.armed is not None:
+        arena.settle(deadline)
+
+
+def through_backend(call, tag: int, deadline: Optional[float]) -> bool:
+    """``Backend.agree``: the backend's own round trip; an all_reduce's tensor goes along (the backend may
+    carry a small one in that round and answer ``AGREE_AND_REDUCED``)."""
+    group = call.group
+    rides = call.collective == "all_reduce" and call.options is None
+    try:
+        agreed = group.communicator.agree(hash((tag, call.numel, call.check[0])) & DIGEST_MASK, deadline,
+                                          call.args[0] if rides else None, call.op, tag=tag,
+                                          algorithm=call.algorithm)
+    except TimeoutError as error:
+        raise _reached(call, tag, error) from None
+    if agreed == DISAGREE:
+        name_mismatch(group, _fingerprint(call, tag), deadline)
+        return False  # the digests collided, the fingerprints are the same: the call runs
+    return agreed == AGREE_AND_REDUCED
+
+
+def full(call, tag: int, deadline: Optional[float]) -> bool:
+    """Debug: all-gather every rank's whole fingerprint, on every call."""
+    try:
+        name_mismatch(call.group, _fingerprint(call, tag), deadline)
+    except TimeoutError as error:
+        raise _reached(call, tag, error) from None
+    return False
+
+
+def name_mismatch(group, mine: tuple, deadline: Optional[float]) -> None:
+    """All-gather every rank's fingerprint ``mine`` (``(tag, numel, *cell)``) over the group's backend; raise
+    ``CollectiveMismatchError`` naming the first two ranks that differ.  Every rank of the group calls it."""
+    backend = group.communicator
+    row = torch.tensor(mine, dtype=torch.int64, device=group.device_type)
+    everyone = torch.empty(backend.size * row.numel(), dtype=row.dtype, device=row.device)
+    backend.NATIVE["all_gather"](backend, everyone, row, tag=0, deadline=deadline, segment_bytes=0)
+    rows = everyone.view(backend.size, -1).tolist()
+    for other in range(1, backend.size):
+        if rows[0] != rows[other]:
+            raise CollectiveMismatchError(
+                f"rank {group.my_global_rank}: mismatched collectives on {group.describe()}: rank {group.ranks[0]} "
+                f"called {describe(rows[0])}, but rank {group.ranks[other]} called {describe(rows[other])}")

@@ -1,0 +1,217 @@
+"""Plans: what the calls of one cell run, worked out once and cached on the group.
+
+[Note: one path]  Every collective call takes one route::
+
+    public function --> plan of its cell (a cache hit, or made once from the full checks)
+                    --> one record (``Call``) --> Group.run: tag, check, dispatch
+
+A *cell* is what decides how a call runs and never changes between calls: the group, the
+collective, the dtype, the op, the root, the algorithm asked for, blocking or not.  Its
+:class:`Plan` holds the rows of "auto"'s table for the cell (by size: the algorithm, its
+function, and the mismatch checker that wraps it, ``check.py``).  The first call of a cell goes
+through ``validate``'s full checks, which raise a typed error before any byte moves or return the
+checked record; its plan is made from that and kept.  Later calls of the cell look the plan up
+(``api.py``, keyed by the arguments as passed) and check only what can differ from call to
+call: that the tensors are contiguous, of the plan's dtype, on its device, with sizes that fit.
+A call that fails those tests takes the full checks again, which name what is wrong.  Either way
+the record runs through ``Group.run``, which owns ordering, tags, deadlines and the executor:
+the cache hit *is* the fast path, not a second implementation.
+
+A group's plans are dropped with the configuration they were made under (``World.config``),
+with the group, and when the ranks turn out unable to share a segment (``Group.forget_plans``).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+from . import check, select, torch_events
+from .algorithms import ALGORITHM_CHOICES, ALGORITHMS
+from .algorithms.shm import FAST_KINDS, FAST_OPS
+from .errors import InvalidArgumentError
+from .group import WORLD, Group
+from .topology import HOST_ENV
+
+_profiling = torch.autograd._profiler_enabled
+#: torch's profilers set this module flag while they record (``_run_on_profiler_start``): read first, so that an
+#: unprofiled call makes no call to ask.
+_profilers = torch.autograd.profiler
+_new = tuple.__new__
+
+
+class Call(NamedTuple):
+    """One collective call, checked and resolved: the record ``Group.run`` executes."""
+
+    collective: str
+    """The registry's name ("all_reduce", "all_gather", ...), whatever the public form."""
+    group: Group
+    args: tuple
+    """The algorithm's positional arguments after the transport: flat buffers, op, root, counts."""
+    op: Optional[str]
+    root: int
+    """Group rank of the root, or -1."""
+    algorithm: str
+    function: Callable[..., None]
+    """``function(backend, *args, tag=, deadline=, segment_bytes=, **options)``."""
+    options: Optional[dict]
+    """Extra keywords (the 1-bit algorithm's ``state`` and ``inner``), else ``None``."""
+    async_op: bool
+    timeout: Optional[float]
+    """Seconds for this call's waits; ``None``: the group's timeout."""
+    outputs: tuple
+    """The tensors the call writes (``Work.result()``)."""
+    copy_out: tuple
+    """``(flat source, destination)`` pairs copied after the run (list outputs)."""
+    nbytes: int
+    """S, as nccl-tests defines it for this collective."""
+    numel: int
+    """The element count the mismatch check compares (per rank; -1 where ranks may differ)."""
+    dtype: torch.dtype
+    checker: Optional[Callable[..., bool]] = None
+    """The mismatch check wrapping the call (``check.py``), or ``None``: off, or nothing to differ from."""
+    check: tuple = (0, ())
+    """``(hash of the cell, cell)``: what the checker compares besides the tag and ``numel``."""
+    ride: Optional[tuple] = None
+    """``(C kind, C op)`` when the call's all_reduce rides in its check's segment round (``check.in_segment``)."""
+
+
+class Row(NamedTuple):
+    """One row of a plan: calls of at most ``most_bytes`` (``nbytes``) run ``function`` by ``algorithm``."""
+
+    most_bytes: int
+    algorithm: str
+    function: Callable[..., None]
+    checker: Optional[Callable[..., bool]]
+    check: tuple
+    ride: Optional[tuple]
+    """``(C kind, C op)`` if a call of at most ``check.RIDE_BYTES`` rides in the check's segment round."""
+
+
+class Plan:
+    """What every call of one cell runs (see the module's note); made by :func:`plan_for`.
+
+    ``run(args, nbytes, numel, outputs, copy_out, inputs)`` is the one route of a call: it picks the row by
+    ``nbytes`` (the same on every rank), makes the record and hands it to ``Group.run`` -- with torch's
+    profiler event around it (``torch_events.py``) while torch's profiler records.
+    """
+
+    __slots__ = ("group", "collective", "dtype", "op", "root", "async_op", "timeout", "rows", "on_cpu", "size",
+                 "itemsize", "profile_name", "any_size")
+
+    def __init__(self, group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
+                 async_op: bool, timeout: Optional[float], rows: tuple, profile_name: str):
+        self.group = group
+        self.collective = collective
+        self.dtype = dtype
+        self.op = op
+        self.root = root
+        self.async_op = async_op
+        self.timeout = timeout
+        self.rows = rows
+        self.on_cpu = group.on_cpu
+        self.size = group.size()
+        self.itemsize = dtype.itemsize
+        self.profile_name = profile_name
+        #: An all_to_all's send size differs between ranks (uneven splits): it runs the unbounded row whatever
+        #: its size ("auto" must not depend on it, or ranks would choose differently).
+        self.any_size = collective == "all_to_all"
+
+    def run(self, args: tuple, nbytes: int, numel: int, outputs: tuple, copy_out: tuple = (), inputs=None,
+            options: Optional[dict] = None):
+        """Run one call of this cell; ``None``, or its ``Work`` if the plan is ``async_op``."""
+        rows = self.rows
+        row = rows[0]
+        if nbytes > row[0] or self.any_size:  # "auto"'s rows by size, the last one unbounded
+            for row in rows:
+                if nbytes <= row[0] and not self.any_size:
+                    break
+        ride = row[5]
+        call = _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
+                           self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype, row[3], row[4],
+                           ride if ride is not None and nbytes <= check.RIDE_BYTES else None))
+        if _profilers._is_profiler_enabled and _profiling():
+            return torch_events.run(call, self.profile_name, outputs if inputs is None else inputs)
+        return self.group.run(call)
+
+    def record(self, args: tuple, nbytes: int, numel: int, outputs: tuple, copy_out: tuple = (),
+               options: Optional[dict] = None) -> Call:
+        """The record :meth:`run` would hand to ``Group.run``, for a caller that runs several records under one
+        profiler event (the coalesced forms)."""
+        row = self.rows[-1]
+        if not self.any_size:
+            for row in self.rows:
+                if nbytes <= row[0]:
+                    break
+        ride = row[5]
+        return _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
+                           self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype, row[3], row[4],
+                           ride if ride is not None and nbytes <= check.RIDE_BYTES else None))
+
+
+def plan_for(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
+             requested: Optional[str], async_op: bool, timeout: Optional[float], what: str,
+             profile_name: str) -> Plan:
+    """The plan of a cell, from ``group.plans`` or made now: the rows of "auto"'s table for the cell (one row for
+    an explicit algorithm), each with its function and checker.  Raises ``InvalidArgumentError`` for an unknown
+    algorithm and ``UnsupportedError`` for one that cannot serve the cell, before any byte moves."""
+    key = (collective, dtype, op, root, requested, async_op, timeout, profile_name)
+    plan = group.plans.get(key)
+    if plan is None:
+        plan = group.plans[key] = Plan(group, collective, dtype, op, root, async_op, timeout,
+                                       _rows(group, collective, dtype, op, root, requested, what), profile_name)
+    return plan
+
+
+def special_plan(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], algorithm: str,
+                 function: Callable[..., None], async_op: bool, profile_name: str) -> Plan:
+    """A plan of one row running ``function`` under ``algorithm``'s name (sparse all_reduce: a composition of
+    rings that no table lists), checked like every other call."""
+    key = (collective, dtype, op, -1, ("special", function), async_op, None, profile_name)
+    plan = group.plans.get(key)
+    if plan is None:
+        cell = check.fingerprint_cell(collective, op, dtype, -1, algorithm)
+        row = Row(select.UNBOUNDED, algorithm, function, check.checker_for(group, algorithm, WORLD.config),
+                  (hash(cell), cell), None)
+        plan = group.plans[key] = Plan(group, collective, dtype, op, -1, async_op, None, (row,), profile_name)
+    return plan
+
+
+def _rows(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
+          requested: Optional[str], what: str) -> tuple:
+    config = WORLD.config
+    choice = config.algorithm if requested is None else requested
+    if choice not in ALGORITHM_CHOICES:
+        raise InvalidArgumentError(f"rank {group.my_global_rank}: {what}: algorithm must be one of "
+                                   f"{ALGORITHM_CHOICES}, got {choice!r}")
+    local = group.communicator.local
+    rule = select.rule(group.backend_type, group.size(), collective, dtype, op, choice,
+                       None if local.no_segment else local.one_host)
+    if rule.rows is None:
+        if rule.refusal is not None:
+            select.raise_unsupported(collective, group, dtype, op, choice, rule.refusal)
+        if local.no_segment and choice == "shm":  # known on every rank alike: refused before any byte moves
+            select.raise_unsupported(collective, group, dtype, op, choice, "the ranks report one host but cannot "
+                                     f"share a segment (set {HOST_ENV} per shared /dev/shm)")
+        table = ((select.UNBOUNDED, choice),)
+    else:
+        table = tuple(rule.rows)
+    rows = []
+    for most_bytes, algorithm in table:
+        function = (group.backend_type.NATIVE[collective] if algorithm == "native"
+                    else ALGORITHMS[(collective, algorithm)])
+        cell = check.fingerprint_cell(collective, op, dtype, root, algorithm)
+        checker = check.checker_for(group, algorithm, config)
+        ride = None
+        if checker is check.in_segment and collective == "all_reduce" and algorithm == "native" \
+                and dtype in FAST_KINDS and op in FAST_OPS:
+            ride = (FAST_KINDS[dtype], FAST_OPS[op])
+        rows.append(Row(most_bytes, algorithm, function, checker, (hash(cell), cell), ride))
+    if select.log.isEnabledFor(10):  # once per cell: its plan
+        select.log.debug("%s on %s group of %d, %s %s: %s (%s)", collective, group.backend, group.size(), dtype, op,
+                         ", ".join(f"{'any size' if most >= select.UNBOUNDED else f'up to {most} B'} -> {algorithm}"
+                                   for most, algorithm in table),
+                         "explicit" if requested is not None else "auto table" if choice == "auto" else "default")
+    return tuple(rows)
+
+
