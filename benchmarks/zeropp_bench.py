@@ -12,7 +12,9 @@ Reported per variant:
 (forward + backward + step, back to back as in training);
 ``link MiB/step``: bytes that left every host through its link (``eth0`` in ``/proc/net/dev``, summed over
 hosts: each byte crossing the link leaves exactly one host), over the timed steps, per step;
-``loss@8`` / ``loss@N``: the loss averaged over ranks at step 8 and at the last step.
+``loss@8`` / ``loss@N``: the loss averaged over ranks at step 8 and at the last step;
+``CPU ms/step``: processor time of every rank's process (all its threads) per timed step, summed over ranks:
+with R ranks sharing C cores, a step cannot take less than this / C.
 """
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ def rank_main(job_env: str) -> int:
             model = TinyLM(shape)
             config = ZeroConfig(stage=3, **(zeropp if variant != VARIANTS[0] else {}))
             model, optimizer = initialize(model, lambda params: torch.optim.Adam(params, lr=job["lr"]), config)
-            times, losses = [], []
+            times, cpu, losses = [], [], []
             tx_before = None
             profiler = None
             dist.barrier(algorithm="native")
@@ -91,7 +93,7 @@ def rank_main(job_env: str) -> int:
                     if job.get("profile") and rank == 0:
                         profiler = cProfile.Profile()
                         profiler.enable()
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 loss = loss_fn(model, model(x), y)
                 loss.backward()
                 optimizer.step()
@@ -99,6 +101,7 @@ def rank_main(job_env: str) -> int:
                 if step == steps - 1:
                     optimizer.synchronize()
                 times.append(time.perf_counter() - start)
+                cpu.append(time.process_time() - cpu_start)
                 losses.append(loss.item())
             if profiler is not None:
                 profiler.disable()
@@ -109,11 +112,14 @@ def rank_main(job_env: str) -> int:
             dist.all_reduce(slowest, dist.ReduceOp.MAX, algorithm="native")
             mean_loss = torch.tensor(losses, dtype=torch.float64)
             dist.all_reduce(mean_loss, dist.ReduceOp.AVG, algorithm="native")
+            cpu_total = torch.tensor([sum(cpu[1:]) / max(steps - 1, 1)], dtype=torch.float64)
+            dist.all_reduce(cpu_total, dist.ReduceOp.SUM, algorithm="native")
             every_tx = [None] * n
             dist.all_gather_object(every_tx, tx)
             link = sum(every_tx[r] for r in range(0, n, per_host))  # one reading per host
             rows.append({"variant": variant, "step_s": statistics.median(slowest.tolist()[1:]),
                          "link_bytes_per_step": link / (steps - 1), "losses": mean_loss.tolist(),
+                         "cpu_s": cpu_total.item(),
                          "state_bytes": optimizer.model_state_bytes()})
             optimizer.remove_hooks()
             del model, optimizer
@@ -150,14 +156,14 @@ def format_table(result: dict) -> str:
              f"{' '.join(f'{x:.2f}' for x in result['load_before'])} (before), "
              f"{' '.join(f'{x:.2f}' for x in result['load_after'])} (after)",
              f"# {'variant':>16} {'step ms':>9} {'speedup':>8} {'link MiB/step':>14} {'vs plain':>9} "
-             f"{f'loss@{min(8, steps)}':>8} {f'loss@{steps}':>9}"]
+             f"{f'loss@{min(8, steps)}':>8} {f'loss@{steps}':>9} {'CPU ms/step':>12}"]
     base = result["rows"][0]
     for row in result["rows"]:
         at8 = row["losses"][min(8, steps) - 1]
         lines.append(f"  {row['variant']:>16} {row['step_s'] * 1e3:>9.0f} {base['step_s'] / row['step_s']:>7.2f}x "
                      f"{row['link_bytes_per_step'] / 2**20:>14.1f} "
                      f"{base['link_bytes_per_step'] / max(row['link_bytes_per_step'], 1):>8.2f}x "
-                     f"{at8:>8.4f} {row['losses'][-1]:>9.4f}")
+                     f"{at8:>8.4f} {row['losses'][-1]:>9.4f} {row['cpu_s'] * 1e3 if 'cpu_s' in row else float('nan'):>12.0f}")
     plain, pp = result["rows"][0]["losses"], result["rows"][-1]["losses"]
     lines.append(f"# loss difference (ZeRO++ vs plain, relative): step {min(8, steps)} {abs(pp[min(8, steps) - 1] / plain[min(8, steps) - 1] - 1):.2%}, "
                  f"step {steps} {abs(pp[-1] / plain[-1] - 1):.2%}")

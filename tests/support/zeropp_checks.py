@@ -33,6 +33,7 @@ def _summary(run: dict) -> dict:
     out = {"losses": run["losses"], "params": run["params"],
            "gathered": dict(gathers.gathered_bytes) if gathers else {},
            "secondary_bytes": gathers.secondary_bytes() if gathers else 0, "state": optimizer.model_state_bytes(),
+           "quantized_algorithm": gathers.quantized_algorithm if gathers else None,
            "sent": dict(getattr(quantized, "sent_bytes", {}))}
     out["expected_secondary"] = 0
     if gathers is not None and gathers.hpz_group is not None:

@@ -33,7 +33,10 @@ QGZ = {"zero_quantized_gradients": True}
 
 def _cases(hpz: int) -> list:
     hp = {"zero_hpz_partition_size": hpz}
-    return [hp, QWZ, QGZ, {**QGZ, "quantized_gradient_bits": 8}, {**QWZ, **hp, **QGZ}, {**QGZ, "stage": 2}]
+    # algorithm None (and no shared memory, which one real host would choose): each collective's default, and
+    # qwZ's gathers go hierarchical where the (pretend) hosts hold several ranks
+    return [hp, QWZ, QGZ, {**QGZ, "quantized_gradient_bits": 8}, {**QWZ, **hp, **QGZ}, {**QGZ, "stage": 2},
+            {**QWZ, **hp, **QGZ, "algorithm": None, "shared_memory": False}]
 
 
 @pytest.mark.parametrize("world", worlds(sizes=(2, 4)), indirect=True)
@@ -55,6 +58,10 @@ def test_each_part_and_all_three_against_plain_zero3(world):
                     assert info["gathered"]["secondary"] > 0, f"{where}: backward never used the secondary shards"
                 if fields.get("zero_quantized_weights"):
                     assert info["gathered"]["quantized"] > 0, where
+                    spans = len(set(names)) > 1 and len(set(names)) < len(names)  # several hosts, one with 2+ ranks
+                    expected = "hierarchical" if spans and fields.get("algorithm", "native") is None else \
+                        fields.get("algorithm", "native")
+                    assert info["quantized_algorithm"] == expected, f"{where}: {info['quantized_algorithm']}"
                 if fields.get("zero_quantized_gradients"):
                     assert sum(info["sent"].values()) > 0, where
 
