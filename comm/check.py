@@ -13,9 +13,11 @@ runs it before the call's function -- the check wraps the plan, no route carries
 checkers, one per way a group's ranks can meet:
 
 * :func:`in_segment` -- every rank on one host, sharing a segment (``topology.shares_memory``):
-  one round of the shared-memory arena's step words (a few µs).  A small all_reduce asked of the
-  backend ("native", at most ``RIDE_BYTES``, a dtype and op the C round reduces: the plan's
-  ``ride``) rides in that round and is done by it.
+  one round of the shared-memory arena's step words (a few µs).  A small all_reduce (at most
+  ``RIDE_BYTES``, a dtype and op the C round reduces: the plan's ``ride``) asked of the backend
+  ("native"), or at two ranks of any algorithm whose bits the round reproduces, rides in that round
+  and is done by it; at more ranks a ridden "native" call's result can differ from the backend's own
+  in the last bit (another order of summation), the same on every rank.
 * :func:`in_first_sync` -- an "shm" call on such a group: armed here, compared in the call's own
   first sync (no round of its own); :func:`settle` after the call runs it if the call never synced.
 * :func:`through_backend` -- ranks on several hosts: ``Backend.agree``, the backend's own round
