@@ -50,9 +50,11 @@ def worker(folder: str, out_path: str) -> None:
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
     rank, n = world.Get_rank(), world.Get_size()
-    dist.init_process_group("mpi")
+    # torch's own gloo group first: a program that made torch's default group keeps it (zerocomm's world would
+    # otherwise become torch's default group, and torch's gloo is the peer measured here).
     td.init_process_group("gloo", init_method=f"file://{folder}/torch", rank=rank, world_size=n,
                           timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group("mpi")
     raw = world.Dup()
     results = {}
     for nbytes in SIZES:

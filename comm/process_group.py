@@ -244,6 +244,8 @@ def _make_torch_default(world: Group, communicator, timeout: datetime.timedelta)
     """torch's default group becomes ``world`` (``c10d.make_torch_default``), its store the world's: the one
     the ranks met through, or for MPI one served by rank 0."""
     from . import c10d  # c10d imports the modules above this one: a late import
+    if td.is_initialized():  # the program made torch's group itself and keeps it (before an MPI store is served)
+        return
     store = getattr(communicator, "store", None)
     if store is None:
         from . import topology

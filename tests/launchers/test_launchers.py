@@ -91,8 +91,9 @@ def test_torch_default_group_is_zerocomms_world(launcher, n, tmp_path):
     _check_default_group(_reports(done, tmp_path, n), n, "mpi" if launcher == "mpiexec" else "gloo")
 
 
-def test_a_program_that_initialized_torch_first_keeps_its_group(tmp_path):
-    done = _launch(LAUNCHERS["torchrun"](2) + [str(SCRIPTS / "torch_first.py")], tmp_path)
+@pytest.mark.parametrize("launcher", ["torchrun", "mpiexec"])
+def test_a_program_that_initialized_torch_first_keeps_its_group(tmp_path, launcher):
+    done = _launch(LAUNCHERS[launcher](2) + [str(SCRIPTS / "torch_first.py")], tmp_path)
     for r in _reports(done, tmp_path, 2):
         assert r == {"rank": r["rank"], "torch_backend": "gloo", "torch_sum": 2.0, "zerocomm_sum": 2.0,
                      "torch_initialized_after_zerocomm_destroy": True}
