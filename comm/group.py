@@ -244,7 +244,7 @@ class Group:
                 if observers:  # they still see the call
                     from .traffic import run_observed
                     run_observed(observers, call._replace(function=_already_done), tag, deadline, self.segment_bytes,
-                                 issued_s)
+                                 issued_s, ridden=True)
             elif observers:
                 from .traffic import run_observed
                 run_observed(observers, call, tag, deadline, self.segment_bytes, issued_s)

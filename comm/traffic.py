@@ -134,23 +134,26 @@ class TrafficCounter:
             self.per_op.clear()
 
 
-def run_observed(observers, call, tag: int, deadline: float, segment_bytes: int, issued_s: float) -> None:
+def run_observed(observers, call, tag: int, deadline: float, segment_bytes: int, issued_s: float,
+                 ridden: bool = False) -> None:
     """Run ``call`` (a ``plan.Call``) with a :class:`CallRecord` for ``observers``: zerocomm's own
-    algorithms through a :class:`CountingTransport`, native collectives estimated (see the module note)."""
+    algorithms through a :class:`CountingTransport`, native collectives estimated (see the module note), and so
+    is a call that ``ridden`` in its mismatch check's round (``check.in_segment``: no message of its own)."""
     group = call.group
     # A compressed all_reduce is its own line in byte counts and profiles: it moves 1/32 of the bytes.
     op = "compressed_all_reduce" if call.algorithm == "onebit" else call.collective
     record = CallRecord(op=op, group_ranks=list(group.ranks), algorithm=call.algorithm,
                         backend=group.backend, size_bytes=call.nbytes, rank=group.my_global_rank)
     communicator = group.communicator
-    transport = communicator if call.algorithm == "native" else CountingTransport(communicator, record)
+    estimated = call.algorithm == "native" or ridden
+    transport = communicator if estimated else CountingTransport(communicator, record)
     record.start_s = now()
     record.issued_s = issued_s or record.start_s
     for observer in observers:
         observer.on_start(record)
     group._call(call, tag, deadline, segment_bytes, transport)
     record.end_s = now()
-    if call.algorithm == "native":
+    if estimated:
         factor = bus_factor(communicator.native_traffic_as(call.collective), record.group_size)
         record.bytes_sent = record.bytes_received = int(round(factor * record.size_bytes))
         record.measured = False

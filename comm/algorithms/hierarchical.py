@@ -47,7 +47,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ...ops.reduce import finalize_
+from ...ops.reduce import KERNELS, finalize_
 from .. import topology
 from ..transport import Transport
 from .ring import all_gather_ring, all_reduce_ring, broadcast_ring, reduce_ring, reduce_scatter_ring
@@ -60,6 +60,8 @@ SMALL_BYTES = 64 << 10
 PIPELINE_BYTES = 2 << 20
 #: ... the first and the last round of this many, doubling up to PIPELINE_BYTES from both ends.
 PIPELINE_FIRST_BYTES = 128 << 10
+#: Between two hosts: rounds whose exchange is posted while an earlier round's is being finished.
+EXCHANGES_AHEAD = 2
 #: Inter-host pieces of at most this many bytes use recursive doubling / a tree, larger ones the ring.
 INTER_TREE_BYTES = 64 << 10
 
@@ -283,6 +285,9 @@ def _all_reduce_large(t: Transport, lay: _Layout, tensor: torch.Tensor, op: str,
         lo += size
     _comms(t, lay, list(lay.hosts) + [owners for _, _, pieces in rounds for _, _, owners in pieces])
     intra = lay.comm_of(lay.mine, t.rank)
+    if len(lay.hosts) == 2:
+        _all_reduce_two_hosts(t, lay, tensor, op, rounds, intra, kw)
+        return
     queued: collections.deque = collections.deque()  # (inter-host phase's future, region), oldest first
     for lo, hi, pieces in rounds:
         region = tensor[lo:hi]
@@ -294,6 +299,52 @@ def _all_reduce_large(t: Transport, lay: _Layout, tensor: torch.Tensor, op: str,
             _finish_round(intra, lay, *queued.popleft(), kw)
     while queued:
         _finish_round(intra, lay, *queued.popleft(), kw)
+
+
+def _all_reduce_two_hosts(t: Transport, lay: _Layout, tensor: torch.Tensor, op: str, rounds: list,
+                          intra: Optional[Transport], kw: dict) -> None:
+    # [Note: two hosts]  Every inter-host piece has one owner on each host, so its inter phase is one
+    # exchange: send the host's partial, receive the other host's, combine (a + b on one rank, b + a on the
+    # other: the same bits).  This thread posts a round's exchange as soon as the round is reduced inside
+    # the host and finishes it EXCHANGES_AHEAD rounds later, so the sockets always hold the next rounds'
+    # bytes and the link never waits for a round to end before the next one starts (a helper thread running
+    # one blocking exchange after another leaves the link idle between them).  Messages of one (peer, tag)
+    # arrive in the order posted, the same on both owners.
+    posted: collections.deque = collections.deque()  # (region, [(piece, incoming, recv, send)]), oldest first
+    for lo, hi, pieces in rounds:
+        region = tensor[lo:hi]
+        if intra is not None:
+            _intra_reduce(intra, lay, region, op, kw)
+        posted.append((region, _post_exchanges(t, lay, region, pieces, kw["tag"])))
+        if len(posted) > EXCHANGES_AHEAD:
+            _finish_exchanges(intra, lay, *posted.popleft(), op, kw)
+    while posted:
+        _finish_exchanges(intra, lay, *posted.popleft(), op, kw)
+
+
+def _post_exchanges(t: Transport, lay: _Layout, region: torch.Tensor, pieces, tag: int) -> list:
+    out = []
+    for lo, hi, owners in pieces:
+        inter = lay.comm_of(owners, t.rank)
+        if inter is None:
+            continue
+        piece = region[lo:hi]
+        incoming = torch.empty_like(piece)
+        peer = 1 - inter.rank
+        out.append((piece, incoming, inter.irecv(incoming, peer, tag), inter.isend(piece, peer, tag)))
+    return out
+
+
+def _finish_exchanges(intra: Optional[Transport], lay: _Layout, region: torch.Tensor, exchanges: list, op: str,
+                      kw: dict) -> None:
+    for piece, incoming, recv, send in exchanges:
+        # The receive first: a dead peer ends it, while a send to it may wait (see Transport.exchange); both
+        # are done before the piece changes.
+        recv.wait(remaining(kw["deadline"]))
+        send.wait(remaining(kw["deadline"]))
+        KERNELS[op](piece, incoming)
+    if intra is not None:
+        _intra_gather(intra, lay, region, kw)
 
 
 def _finish_round(intra: Optional[Transport], lay: _Layout, inter_done, region: torch.Tensor, kw: dict) -> None:

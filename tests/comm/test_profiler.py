@@ -53,8 +53,9 @@ def test_profiler_records_and_exports(world):
         assert {e["tid"] for e in events} <= {tid for kind, tid in names if kind == "thread_name"}
         assert "all_reduce" in res["table"]
         if rank < 2:
-            # A 2-rank subgroup's ring all_reduce of 4000 bytes: each rank sends 2·(2-1)/2·4000 bytes,
-            # and busbw uses the group's size (2), not the world's (3).
+            # A 2-rank subgroup's ring all_reduce of 4000 bytes: each rank sends 2·(2-1)/2·4000 bytes (on one
+            # host it rides in its check's segment round and is counted as the schedule's bytes), and busbw uses
+            # the group's size (2), not the world's (3).
             assert res["sub_records"] == [(2, 4000, 4000)]
     summary = results[0]["summary"]["all_reduce"]
     assert summary["count"] == 2 and summary["busbw_GBps"] > 0
