@@ -47,6 +47,7 @@ def path(request, monkeypatch):
         monkeypatch.setattr(hierarchical, "SMALL_BYTES", 0)
         monkeypatch.setattr(hierarchical, "INTER_TREE_BYTES", 8)
         monkeypatch.setattr(hierarchical, "PIPELINE_BYTES", 20)  # several rounds, the last one short
+        monkeypatch.setattr(hierarchical, "PIPELINE_FIRST_BYTES", 8)  # ... growing from the first, shrinking to the last
     return request.param
 
 
