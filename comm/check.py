@@ -14,10 +14,10 @@ checkers, one per way a group's ranks can meet:
 
 * :func:`in_segment` -- every rank on one host, sharing a segment (``topology.shares_memory``):
   one round of the shared-memory arena's step words (a few µs).  A small all_reduce (at most
-  ``RIDE_BYTES``, a dtype and op the C round reduces: the plan's ``ride``) asked of the backend
-  ("native"), or at two ranks of any algorithm whose bits the round reproduces, rides in that round
-  and is done by it; at more ranks a ridden "native" call's result can differ from the backend's own
-  in the last bit (another order of summation), the same on every rank.
+  ``RIDE_BYTES``, a dtype and op the C round reduces: the plan's ``ride``) of "shm" (whose small
+  all_reduce is that round) or "native", or at two ranks of any algorithm whose bits the round
+  reproduces, rides in that round and is done by it; at more ranks a ridden "native" call's result can
+  differ from the backend's own in the last bit (another order of summation), the same on every rank.
 * :func:`in_first_sync` -- an "shm" call on such a group: armed here, compared in the call's own
   first sync (no round of its own); :func:`settle` after the call runs it if the call never synced.
 * :func:`through_backend` -- ranks on several hosts: ``Backend.agree``, the backend's own round
@@ -138,7 +138,10 @@ def in_segment(call, tag: int, deadline: Optional[float]) -> bool:
 
 
 def in_first_sync(call, tag: int, deadline: Optional[float]) -> bool:
-    """Arm the check of an "shm" call: its first sync compares the digests (no round of its own)."""
+    """Arm the check of an "shm" call: its first sync compares the digests (no round of its own).  A small
+    all_reduce (the plan's ``ride``) is that one round: it runs here, as :func:`in_segment` runs it."""
+    if call.ride is not None and call.group.communicator.local.arena is not None:
+        return in_segment(call, tag, deadline)
     arena = call.group.communicator.local.arena
     if arena is None:
         try:

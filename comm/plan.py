@@ -165,8 +165,10 @@ def plan_for(group: Group, collective: str, dtype: torch.dtype, op: Optional[str
 
 #: Algorithms whose all_reduce of two ranks gives the bits the check's segment round gives (each rank combines its
 #: own and its peer's elements once, and every op is commutative), so that a small one may ride in that round.
-#: At more ranks only "native" rides: the backend's own order of reduction is not zerocomm's to keep.
 _SAME_BITS_AT_TWO = frozenset(("ring", "tree", "recursive_doubling"))
+#: ... and at any number of ranks: "shm", whose small all_reduce is that same C round, and "native", whose order
+#: of reduction is the backend's own, not zerocomm's to keep (the same on every rank, at most the last bit apart).
+_SAME_BITS = frozenset(("native", "shm"))
 
 
 def special_plan(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], algorithm: str,
@@ -209,8 +211,9 @@ def _rows(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], 
         cell = check.fingerprint_cell(collective, op, dtype, root, algorithm)
         checker = check.checker_for(group, algorithm, config)
         ride = None
-        if checker is check.in_segment and collective == "all_reduce" and dtype in FAST_KINDS and op in FAST_OPS \
-                and (algorithm == "native" or (group.size() == 2 and algorithm in _SAME_BITS_AT_TWO)):
+        if (checker is check.in_segment or checker is check.in_first_sync) and collective == "all_reduce" \
+                and dtype in FAST_KINDS and op in FAST_OPS \
+                and (algorithm in _SAME_BITS or (group.size() == 2 and algorithm in _SAME_BITS_AT_TWO)):
             ride = (FAST_KINDS[dtype], FAST_OPS[op])
         rows.append(Row(most_bytes, algorithm, function, checker, (hash(cell), cell), ride))
     if select.log.isEnabledFor(10):  # once per cell: its plan

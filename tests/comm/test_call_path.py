@@ -47,6 +47,9 @@ def first_and_later():
                                        ("shm", 2, False), (None, 1 << 16, False), ("native", 2, True),
                                        ("native", 1 << 18, True)):
         group = dist.new_group(list(range(dist.get_world_size())))  # a group of its own: no plan yet
+        # Another cell first, so that the group's shared segment (made by its first check) exists: the
+        # traced first call is the first of its cell, not the group's.
+        dist.all_reduce(torch.ones(1, dtype=torch.float64), group=group)
         tensor = torch.ones(numel)
 
         def call():

@@ -1,10 +1,11 @@
 """A small all_reduce that rides in its mismatch check's segment round gives what its algorithm gives.
 
 On one host every call is checked in a round of the shared segment (``check.in_segment``), and a small
-all_reduce rides in it: "native" at any size of group, the algorithms whose two-rank bits the round
+all_reduce rides in it: "native" and "shm" at any size of group, the algorithms whose two-rank bits the round
 reproduces ("ring", "tree", "recursive_doubling") at two ranks.  Each case here runs the same inputs with
-the check on (riding) and off (the algorithm itself runs) and compares the bits; at more ranks "native"
-is compared with numpy's float64 sum within float32 rounding, and must be the same on every rank.
+the check on (riding) and off (the algorithm itself runs) and compares the bits ("shm"'s small all_reduce
+is that round itself: the same bits at any size of group); at more ranks "native" is compared with numpy's
+float64 sum within float32 rounding, and must be the same on every rank.
 """
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 from support.worlds import worlds
 
-RIDING = ("native", "ring", "tree", "recursive_doubling")
+RIDING = ("native", "shm", "ring", "tree", "recursive_doubling")
 CASES = [(torch.float32, "SUM"), (torch.float32, "AVG"), (torch.float64, "MAX"), (torch.int32, "SUM"),
          (torch.int64, "MIN")]
 
@@ -42,7 +43,7 @@ def ridden_and_run() -> dict:
                 plan = next(p for k, p in WORLD.plans.items() if k[0] == "all_reduce" and k[4] == algorithm
                             and k[-1] == dtype and k[1] is None and k[3] is False)
                 rides = plan.rows[0].ride is not None
-                in_segment = plan.rows[0].checker.__name__ == "in_segment"
+                in_segment = plan.rows[0].checker.__name__ in ("in_segment", "in_first_sync")
                 everyone = [_input(r, numel, dtype, seed).double().numpy() for r in range(n)]
                 expected = {"SUM": np.sum, "AVG": np.mean, "MAX": np.max, "MIN": np.min}[op](everyone, axis=0)
                 out[(str(dtype), op, algorithm, numel)] = (
@@ -61,8 +62,8 @@ def test_a_ridden_all_reduce_gives_its_algorithms_result(world):
         log = out.pop("log")
         for (dtype, op, algorithm, numel), (rides, in_segment, same_bits, error, values) in out.items():
             where = (rank, dtype, op, algorithm, numel, in_segment)
-            assert rides == (in_segment and (algorithm == "native" or n == 2)), where  # what rides (see check.py)
-            if n == 2 or not rides:
+            assert rides == (in_segment and (algorithm in ("native", "shm") or n == 2)), where  # see check.py
+            if n == 2 or not rides or algorithm == "shm":
                 assert same_bits, (where, log[:6])  # the round reproduces the bits
             assert error <= (1e-5 * n if dtype == "torch.float32" else 1e-12 if dtype == "torch.float64" else 0), where
             assert values == outs[0][(dtype, op, algorithm, numel)][4], where  # the same on every rank
