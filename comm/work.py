@@ -199,9 +199,10 @@ class IssuedWork(Work):
 
     def wait(self, timeout=None) -> bool:
         """Block until done; raise the operation's error, or ``CommTimeoutError`` after ``timeout``."""
+        seconds = None if timeout is None else timeout_seconds(timeout, "Work.wait: timeout")  # refused even if done
         if self._error is None and self._request is not None:
             # Even when done: NCCL's wait orders the caller's current stream after the collective.
-            self._settle(None if timeout is None else timeout_seconds(timeout, "Work.wait: timeout"))
+            self._settle(seconds)
         if self._error is not None:
             raise self._error
         return True
