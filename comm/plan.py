@@ -212,7 +212,7 @@ def _rows(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], 
         checker = check.checker_for(group, algorithm, config)
         ride = None
         if (checker is check.in_segment or checker is check.in_first_sync) and collective == "all_reduce" \
-                and dtype in FAST_KINDS and op in FAST_OPS \
+                and group.on_cpu and dtype in FAST_KINDS and op in FAST_OPS \
                 and (algorithm in _SAME_BITS or (group.size() == 2 and algorithm in _SAME_BITS_AT_TWO)):
             ride = (FAST_KINDS[dtype], FAST_OPS[op])
         rows.append(Row(most_bytes, algorithm, function, checker, (hash(cell), cell), ride))
