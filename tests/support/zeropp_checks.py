@@ -197,3 +197,38 @@ def checkpoint_round_trip(names: str, path: str, zeropp: dict) -> dict:
                           all(torch.equal(a, b) for a, b in zip(saved_state, loaded_state)),
                           "finite": all(np.isfinite(more))}
         return out
+
+
+# -- hpZ under qwZ: backward's weights are forward's ----------------------------------------------------
+
+def backward_weights_equal_forward(names: str, steps: int = 2) -> dict:
+    """With qwZ and hpZ, every unit backward gathers holds bit for bit what forward's gather gave it in the same
+    step (the secondary shard keeps forward's codes; the own chunk is copied exactly both times)."""
+    with pretend_host(names):
+        seen: dict = {}
+        original = UnitGathers.finished
+
+        def recording(self, u, full, phase, persistent):
+            seen.setdefault((self._step, u, phase), full.detach().clone())
+            return original(self, u, full, phase, persistent)
+
+        original_invalidate = UnitGathers.invalidate
+
+        def next_step(self):
+            self._step += 1
+            return original_invalidate(self)
+
+        UnitGathers.finished, UnitGathers.invalidate = recording, next_step
+        UnitGathers._step = 0
+        try:
+            run = zero_run("lm", steps=steps, accum=1, clip=0.0, stage=3, algorithm="native", bucket_numel=20_000,
+                           zero_quantized_weights=True, zero_hpz_partition_size=2)
+        finally:
+            UnitGathers.finished, UnitGathers.invalidate = original, original_invalidate
+            del UnitGathers._step
+        gathers = run["optimizer"].parameters.gathers
+        run["optimizer"].remove_hooks()
+        backward = [key for key in seen if key[2] == "backward"]
+        return {"backward_units": len(backward), "secondary_gathered": gathers.gathered_bytes["secondary"],
+                "equal": all(torch.equal(seen[key], seen[(key[0], key[1], "forward")]) for key in backward),
+                "missing_forward": [key for key in backward if (key[0], key[1], "forward") not in seen]}

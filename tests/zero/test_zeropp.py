@@ -79,6 +79,16 @@ def test_secondary_shards_count_in_the_memory_report(world):
 
 
 @pytest.mark.parametrize("world", [("gloo", 4)], indirect=True)
+def test_with_qwz_backward_computes_with_forwards_weights(world):
+    """hpZ's secondary shard keeps forward's int8 codes: backward's gathered unit equals forward's bit for bit."""
+    for names in ("aabb", "abab"):
+        for rank, got in enumerate(world.run(zeropp_checks.backward_weights_equal_forward, names, timeout=300)):
+            where = f"hosts {names!r}, rank {rank}"
+            assert got["backward_units"] > 0 and got["secondary_gathered"] > 0, f"{where}: {got}"
+            assert got["missing_forward"] == [] and got["equal"], f"{where}: {got}"
+
+
+@pytest.mark.parametrize("world", [("gloo", 4)], indirect=True)
 def test_a_partition_size_that_splits_no_host_evenly_is_refused(world):
     for rank, message in enumerate(world.run(zeropp_checks.hpz_refused, "aaab", 2, timeout=120)):
         assert "zero_hpz_partition_size (2)" in message and "'b': ranks [3]" in message, f"rank {rank}: {message}"
