@@ -450,13 +450,8 @@ class Arena:
             args = (self._base, LINE, self.n, self.rank, self._buffers, self.slot_bytes, step, self._buffers, 0, 0, 0,
                     word, code)
             answer = _shmfast.post(*args)
-            while answer == 2:
-                answer = _shmfast.settle(*args, SLEEP_SLICE_S)
-                if answer == 2:
-                    self._still_late(step, deadline, what)
             if answer:
-                self.calls = self.round = 0  # every rank stops here, at the same step (see below)
-                raise CallMismatch(expected[1])
+                self._settle_round(answer, args, step, deadline, what, expected)
             return
         if expected is not None:
             self.armed = None
@@ -497,13 +492,8 @@ class Arena:
         args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
                 step, tensor.data_ptr(), tensor.numel(), kind, op, word, code)
         answer = _shmfast.post(*args)
-        while answer == 2:  # a peer is late: sleep in C a slice at a time; deadline and liveness here
-            answer = _shmfast.settle(*args, SLEEP_SLICE_S)
-            if answer == 2:
-                self._still_late(step, deadline, what)
         if answer:
-            self.calls = self.round = 0  # as in ``sync``: every rank stops here, in step
-            raise CallMismatch(expected[1])
+            self._settle_round(answer, args, step, deadline, what, expected)
 
     def gather_round(self, output: torch.Tensor, nbytes: int, deadline: Optional[float], what: str) -> bool:
         """One C round of an all_gather: this rank's ``nbytes`` at chunk ``rank`` of the contiguous byte tensor
@@ -523,13 +513,8 @@ class Arena:
         args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
                 step, output.data_ptr(), nbytes, 4, 8, word, code)  # kind 4 (bytes), op 8 (gather): _shmfast.c
         answer = _shmfast.post(*args)
-        while answer == 2:
-            answer = _shmfast.settle(*args, SLEEP_SLICE_S)
-            if answer == 2:
-                self._still_late(step, deadline, what)
         if answer:
-            self.calls = self.round = 0
-            raise CallMismatch(expected[1])
+            self._settle_round(answer, args, step, deadline, what, expected)
         return True
 
     def checked_round(self, digest: int, fingerprint: tuple, address: int, numel: int, kind: int, op: int,
@@ -549,13 +534,22 @@ class Arena:
         args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
                 step, address, numel, kind, op, _DIGEST + (self.checks & 1), digest)
         answer = _shmfast.post(*args)
-        while answer == 2:  # a peer is late: sleep in C a slice at a time; deadline and liveness here
+        if answer:
+            self._settle_round(answer, args, step, deadline, "the mismatch check", (0, fingerprint))
+
+    def _settle_round(self, answer: int, args: tuple, step: int, deadline: Optional[float], what: str,
+                      armed: Optional[tuple]) -> None:
+        """The rest of a C round whose ``post`` answered ``answer`` (not 0): while a peer is late (2), sleep in C a
+        slice at a time, checking the deadline and the late peers' liveness here; on a digest mismatch (1) every
+        rank stops here, at the same step, and raises :class:`CallMismatch` with the ``armed`` check's fingerprint
+        (``(digest, fingerprint)``).  A round that ends at once never calls this: the common case."""
+        while answer == 2:
             answer = _shmfast.settle(*args, SLEEP_SLICE_S)
             if answer == 2:
-                self._still_late(step, deadline, "the mismatch check")
+                self._still_late(step, deadline, what)
         if answer:
-            self.calls = self.round = 0  # as in ``sync``: every rank stops here, in step
-            raise CallMismatch(fingerprint)
+            self.calls = self.round = 0  # every rank stops here, at the same step: the next call starts in step
+            raise CallMismatch(armed[1])
 
     def _still_late(self, step: int, deadline: Optional[float], what: str) -> None:
         """Between sleeps of a C round: raise ``TimeoutError`` past ``deadline``, ``PeerFailure`` for a late peer
