@@ -480,20 +480,7 @@ class Arena:
         arrive, spin briefly (C); the slow wait (deadline, sleep, liveness) here; then compare the armed
         check's digests and reduce every slot into the contiguous ``tensor`` (C).  The same steps, words
         and bits as ``Arena.sync`` plus the numpy reduction of ``algorithms/shm.py``."""
-        expected = self.armed
-        word, code = -1, 0
-        if expected is not None:
-            self.armed = None
-            self.checks += 1
-            word, code = _DIGEST + (self.checks & 1), expected[0]
-        k = self.round
-        self.round += 1
-        step = self.step = (self.step + 1) & _MASK
-        args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
-                step, tensor.data_ptr(), tensor.numel(), kind, op, word, code)
-        answer = _shmfast.post(*args)
-        if answer:
-            self._settle_round(answer, args, step, deadline, what, expected)
+        self._slot_round(tensor.data_ptr(), tensor.numel(), kind, op, deadline, what)
 
     def gather_round(self, output: torch.Tensor, nbytes: int, deadline: Optional[float], what: str) -> bool:
         """One C round of an all_gather: this rank's ``nbytes`` at chunk ``rank`` of the contiguous byte tensor
@@ -501,6 +488,12 @@ class Arena:
         False, with nothing done, where the C round is not built."""
         if _shmfast is None:
             return False
+        self._slot_round(output.data_ptr(), nbytes, 4, 8, deadline, what)  # kind 4 (bytes), op 8 (gather)
+        return True
+
+    def _slot_round(self, address: int, nelem: int, kind: int, op: int, deadline: Optional[float], what: str) -> None:
+        """One C round through the slots of the next buffer: ``nelem`` elements of C ``kind`` at ``address``, combined
+        by C ``op`` (``_shmfast.c`` says which); the armed check (``expect``), if any, compared in it."""
         expected = self.armed
         word, code = -1, 0
         if expected is not None:
@@ -511,11 +504,10 @@ class Arena:
         self.round = k + 1
         step = self.step = (self.step + 1) & _MASK
         args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
-                step, output.data_ptr(), nbytes, 4, 8, word, code)  # kind 4 (bytes), op 8 (gather): _shmfast.c
+                step, address, nelem, kind, op, word, code)
         answer = _shmfast.post(*args)
         if answer:
             self._settle_round(answer, args, step, deadline, what, expected)
-        return True
 
     def checked_round(self, digest: int, fingerprint: tuple, address: int, numel: int, kind: int, op: int,
                       deadline: Optional[float]) -> None:
