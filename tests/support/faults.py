@@ -321,7 +321,10 @@ def _mpi_main(folder: str, spec: str) -> None:
         if case == "uncaught_under_mpi" and rank == 0:
             CASES[case](rank, n, *args)  # raises, uncaught: sys.excepthook must abort the job
         answer = ("ok", CASES[case](rank, n, *args))
-    Path(folder, f"rank{rank}.json").write_text(json.dumps(answer))
+    # Written whole, then renamed: a rank ended by a peer's MPI_Abort while writing leaves no half-written answer.
+    partial = Path(folder, f".partial-rank{rank}")
+    partial.write_text(json.dumps(answer))
+    os.replace(partial, Path(folder, f"rank{rank}.json"))
     sys.stdout.flush()
     os._exit(0)  # a survivor of a killed peer must not wait in MPI_Finalize for it
 
