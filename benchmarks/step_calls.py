@@ -13,12 +13,12 @@ two parameters each, 400 by default) and train it with:
 * zerocomm ZeRO stages 1, 2 and 3, at fp32 and bf16, with AdamW, on zerocomm's gloo, twice: with the
   default configuration ("default": on one host the step's collectives run zerocomm's "shm" schedule,
   written in Python, on the group's executor thread) and with ``algorithm="native"`` (gloo's own
-  collectives, issued from the step's thread, as NCCL's are on a GPU).
+  collectives; their async calls on the group's executor too while gloo's direct issue is off).
 
 A step is forward, loss, backward, ``optimizer.step()`` and ``zero_grad()``; the count is of one step
 after ``--warmup`` steps, on the step's thread, the largest over ranks.  The last column counts the
 groups' executor threads alive after the step: calls on them are not on the step's thread and the
-count leaves them out (with "native" there are none).
+count leaves them out.
 """
 from __future__ import annotations
 

@@ -14,10 +14,16 @@ from support.worlds import worlds
 
 def _fresh_group():
     """A new group over every rank (the pool's default group may have run calls through its executor before),
-    and its ``Group``."""
+    and its ``Group``, with gloo's asynchronous collectives issued directly (``GlooBackend.ISSUABLE``; off by
+    default, see there)."""
     import zerocomm.comm as zdist
+    from zerocomm.comm.backends.gloo import GlooBackend
     from zerocomm.comm.validate import resolve_group
-    handle = zdist.new_group(list(range(zdist.get_world_size())))
+    GlooBackend.ISSUE = GlooBackend.ISSUABLE
+    try:
+        handle = zdist.new_group(list(range(zdist.get_world_size())))
+    finally:
+        GlooBackend.ISSUE = {}
     return handle, resolve_group(handle, "test")
 
 
