@@ -12,7 +12,11 @@ Reported per variant:
 (forward + backward + step, back to back as in training);
 ``link MiB/step``: bytes that left every host through its link (``eth0`` in ``/proc/net/dev``, summed over
 hosts: each byte crossing the link leaves exactly one host), over the timed steps, per step;
-``loss@8`` / ``loss@N``: the loss averaged over ranks at step 8 and at the last step;
+``eval@8`` / ``eval@N``: the model's loss on held-out batches (``EVAL_SEQUENCES`` sequences per rank of the
+same bigram table, never trained on, the same in both variants) after step 8 and after the last step, averaged
+over every rank's tokens: the measure of the two runs' difference (one training batch's loss, ``loss@N``, moves by
+more than that difference from step to step);
+``loss@8`` / ``loss@N``: the training batch's loss averaged over ranks at step 8 and at the last step;
 ``CPU ms/step``: processor time of every rank's process (all its threads) per timed step, summed over ranks:
 with R ranks sharing C cores, a step cannot take less than this / C.
 """
@@ -28,6 +32,8 @@ import time
 from typing import Optional
 
 VARIANTS = ("ZeRO-3", "ZeRO-3 + ZeRO++")
+#: Held-out sequences per rank the evaluation loss is measured on (128 tokens each).
+EVAL_SEQUENCES = 32
 
 
 def _link_tx_bytes(interface: str = "eth0") -> int:
@@ -40,13 +46,15 @@ def _link_tx_bytes(interface: str = "eth0") -> int:
     return 0
 
 
-def _batches(vocab: int, seq_len: int, batch_size: int, rank: int, steps: int):
+def _batches(vocab: int, seq_len: int, batch_size: int, rank: int, steps: int, first: int = 0):
+    """``steps`` batches of ``(inputs, targets)``, each ``(batch_size, seq_len)`` int64, of this rank's stream
+    (``first``: the stream's first batch; held-out batches start far from the trained ones)."""
     import torch
 
     table = torch.randperm(vocab, generator=torch.Generator().manual_seed(1234))
     out = []
     for step in range(steps):
-        g = torch.Generator().manual_seed(rank * 100_003 + step)
+        g = torch.Generator().manual_seed(rank * 100_003 + first + step)
         tokens = torch.empty(batch_size, seq_len + 1, dtype=torch.int64)
         tokens[:, 0] = torch.randint(0, vocab, (batch_size,), generator=g)
         noise = torch.randint(0, vocab, (batch_size, seq_len), generator=g)
@@ -73,6 +81,8 @@ def rank_main(job_env: str) -> int:
     shape = TinyLM.benchmark_size()
     steps = job["zero_steps"]
     batches = _batches(shape.vocab, shape.seq_len, job["batch"], rank, steps)
+    held_out = _batches(shape.vocab, shape.seq_len, EVAL_SEQUENCES, rank, 1, first=50_000)[0]
+    evaluate_after = {min(8, steps) - 1, steps - 1}
     zeropp = {"zero_quantized_weights": True, "zero_hpz_partition_size": per_host,
               "zero_quantized_gradients": True, "quantized_gradient_bits": job["bits"]}
     rows = []
@@ -82,8 +92,8 @@ def rank_main(job_env: str) -> int:
             model = TinyLM(shape)
             config = ZeroConfig(stage=3, **(zeropp if variant != VARIANTS[0] else {}))
             model, optimizer = initialize(model, lambda params: torch.optim.Adam(params, lr=job["lr"]), config)
-            times, cpu, losses = [], [], []
-            tx_before = None
+            times, cpu, losses, evals = [], [], [], []
+            tx_before, tx_eval = None, 0
             profiler = None
             dist.barrier(algorithm="native")
             for step, (x, y) in enumerate(batches):
@@ -103,11 +113,15 @@ def rank_main(job_env: str) -> int:
                 times.append(time.perf_counter() - start)
                 cpu.append(time.process_time() - cpu_start)
                 losses.append(loss.item())
+                if step in evaluate_after:  # not timed; its link bytes are left out of the count
+                    tx_start = _link_tx_bytes() if tx_before is not None else 0
+                    evals.append(_evaluate(model, held_out, loss_fn, dist))
+                    tx_eval += _link_tx_bytes() - tx_start if tx_before is not None else 0
             if profiler is not None:
                 profiler.disable()
                 profiler.dump_stats(f"{job['profile']}.{VARIANTS.index(variant)}")
             dist.barrier(algorithm="native")
-            tx = _link_tx_bytes() - tx_before
+            tx = _link_tx_bytes() - tx_before - tx_eval
             slowest = torch.tensor(times, dtype=torch.float64)
             dist.all_reduce(slowest, dist.ReduceOp.MAX, algorithm="native")
             mean_loss = torch.tensor(losses, dtype=torch.float64)
@@ -119,6 +133,7 @@ def rank_main(job_env: str) -> int:
             link = sum(every_tx[r] for r in range(0, n, per_host))  # one reading per host
             rows.append({"variant": variant, "step_s": statistics.median(slowest.tolist()[1:]),
                          "link_bytes_per_step": link / (steps - 1), "losses": mean_loss.tolist(),
+                         "eval_losses": evals,
                          "cpu_s": cpu_total.item(),
                          "state_bytes": optimizer.model_state_bytes()})
             optimizer.remove_hooks()
@@ -129,6 +144,20 @@ def rank_main(job_env: str) -> int:
         with open(job["out"], "w") as handle:
             json.dump({"rows": rows}, handle)
     return 0
+
+
+def _evaluate(model, held_out, loss_fn, dist) -> float:
+    """The model's mean loss over every rank's held-out tokens (every rank calls it; a forward under no_grad)."""
+    import torch
+
+    x, y = held_out
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        loss = loss_fn(model, model(x), y).double().reshape(1)
+    model.train(was_training)
+    dist.all_reduce(loss, dist.ReduceOp.AVG, algorithm="native")  # every rank holds as many tokens
+    return loss.item()
 
 
 def job(*, steps: int, batch: int, bits: int, lr: float, job_env: str, profile: Optional[str] = None) -> dict:
@@ -156,16 +185,24 @@ def format_table(result: dict) -> str:
              f"{' '.join(f'{x:.2f}' for x in result['load_before'])} (before), "
              f"{' '.join(f'{x:.2f}' for x in result['load_after'])} (after)",
              f"# {'variant':>16} {'step ms':>9} {'speedup':>8} {'link MiB/step':>14} {'vs plain':>9} "
+             f"{f'eval@{min(8, steps)}':>8} {f'eval@{steps}':>9} "
              f"{f'loss@{min(8, steps)}':>8} {f'loss@{steps}':>9} {'CPU ms/step':>12}"]
     base = result["rows"][0]
     for row in result["rows"]:
         at8 = row["losses"][min(8, steps) - 1]
+        evals = row.get("eval_losses") or [float("nan")]  # rows written before the column have none
         lines.append(f"  {row['variant']:>16} {row['step_s'] * 1e3:>9.0f} {base['step_s'] / row['step_s']:>7.2f}x "
                      f"{row['link_bytes_per_step'] / 2**20:>14.1f} "
                      f"{base['link_bytes_per_step'] / max(row['link_bytes_per_step'], 1):>8.2f}x "
+                     f"{evals[0]:>8.4f} {evals[-1]:>9.4f} "
                      f"{at8:>8.4f} {row['losses'][-1]:>9.4f} {row['cpu_s'] * 1e3 if 'cpu_s' in row else float('nan'):>12.0f}")
+    plain_eval, pp_eval = result["rows"][0].get("eval_losses"), result["rows"][-1].get("eval_losses")
+    if plain_eval and pp_eval:
+        lines.append(f"# held-out loss difference (ZeRO++ vs plain, relative): after step {min(8, steps)} "
+                     f"{abs(pp_eval[0] / plain_eval[0] - 1):.2%}, after step {steps} "
+                     f"{abs(pp_eval[-1] / plain_eval[-1] - 1):.2%}")
     plain, pp = result["rows"][0]["losses"], result["rows"][-1]["losses"]
-    line = (f"# loss difference (ZeRO++ vs plain, relative): step {min(8, steps)} "
+    line = (f"# training-batch loss difference (ZeRO++ vs plain, relative): step {min(8, steps)} "
             f"{abs(pp[min(8, steps) - 1] / plain[min(8, steps) - 1] - 1):.2%}, step {steps} {abs(pp[-1] / plain[-1] - 1):.2%}")
     if steps >= 20:  # one step's loss is one batch's: the mean of the last ten says more about where training is
         last = slice(steps - 10, steps)

@@ -20,14 +20,21 @@ checkers, one per way a group's ranks can meet:
   differ from the backend's own in the last bit (another order of summation), the same on every rank.
 * :func:`in_first_sync` -- an "shm" call on such a group: armed here, compared in the call's own
   first sync (no round of its own); :func:`settle` after the call runs it if the call never synced.
-* :func:`through_backend` -- ranks on several hosts: ``Backend.agree``, the backend's own round
-  trip (about one small native all_reduce), where the backend may carry a small all_reduce too.
+* :func:`across_hosts` -- CPU ranks on several hosts, each host's ranks sharing a segment: the
+  digests meet in one small hierarchical all_reduce -- inside each host through its segment, across
+  hosts once among one rank per host (between two hosts, one round trip of the link, where a flat
+  all_reduce of every rank crosses it at several of its steps); a small SUM/AVG all_reduce of floats
+  by "native" or "hierarchical" rides in it.
+* :func:`through_backend` -- any other group spanning hosts, or whose ranks share no segment:
+  ``Backend.agree``, the backend's own round trip (about one small native all_reduce), where the
+  backend may carry a small all_reduce too.
 * :func:`full` -- debug: the whole fingerprints, all-gathered on every call.
 
 [Note: one place per group]  Where "shm" calls can run, every call of the group checks in the
 segment, whatever its algorithm: a call checked through the backend could not meet a peer that
 made an "shm" call in its place, and both would wait out the deadline.  Across hosts no call runs
-as "shm", and every call checks through the backend.
+as "shm", and every call of a group checks the same way (:func:`across_hosts`, or through the backend
+from the first call on where the hosts cannot all share a segment: every rank learns that alike).
 
 A checker is ``checker(call, tag, deadline) -> bool``: True when the call's all_reduce rode in the
 check and is done (``Group.execute`` then skips the call's function).  It raises
@@ -42,6 +49,8 @@ import torch
 
 from . import shm
 from .algorithms import ALGORITHM_NAMES, COLLECTIVES
+from .algorithms.hierarchical import all_reduce_hierarchical, host_communicator
+from .algorithms.tree import all_reduce_recursive_doubling
 from .errors import CollectiveMismatchError, UnsupportedError
 from .reduce_op import SUPPORTED_DTYPES
 from .topology import shares_memory
@@ -92,6 +101,9 @@ def checker_for(group, algorithm: str, config) -> Optional[Checker]:
         return full
     if shares_memory(group.communicator):
         return in_first_sync if algorithm == "shm" else in_segment
+    local = group.communicator.local
+    if local.one_host is False and not local.no_segment and group.on_cpu and group.size() < _EXACT_RANKS:
+        return across_hosts
     return through_backend
 
 
@@ -160,6 +172,77 @@ def settle(call, deadline: Optional[float]) -> None:
     arena = call.group.communicator.local.arena
     if arena is not None and arena.armed is not None:
         arena.settle(deadline)
+
+
+def across_hosts(call, tag: int, deadline: Optional[float]) -> bool:
+    """The digests meet in a SUM all_reduce of a stage of float64s by the hierarchical algorithm (see
+    [Note: the stage across hosts]); a small SUM/AVG all_reduce of floats by "native" or "hierarchical" rides
+    in it and is done."""
+    group = call.group
+    t = group.communicator
+    try:
+        if not t.local.host_segments and not _hosts_share_segments(t, tag, deadline):
+            group.forget_plans()  # every rank alike: from now on the group checks through the backend
+            return through_backend(call, tag, deadline)
+        code = hash((tag, call.numel, call.check[0])) & DIGEST_MASK
+        pieces = (code & 0xFFFF, (code >> 16) & 0xFFFF, (code >> 32) & 0xFFFF, code >> 48)
+        stage = torch.zeros(_STAGE, dtype=torch.float64)
+        stage[:_HEADER] = torch.tensor([x for piece in pieces for x in (piece, piece * piece)], dtype=torch.float64)
+        numel = call.numel
+        rides = (0 < numel <= STAGE_PAYLOAD and call.collective == "all_reduce" and call.options is None
+                 and call.algorithm in _RIDE_ALGORITHMS and call.op in ("sum", "avg") and call.dtype in _RIDE_DTYPES)
+        if rides:
+            stage[_HEADER:_HEADER + numel] = call.args[0]
+        all_reduce_hierarchical(t, stage, "sum", tag=tag, deadline=deadline, segment_bytes=0)
+    except TimeoutError as error:
+        raise _reached(call, tag, error) from None
+    n, header = t.size, stage[:_HEADER].tolist()
+    if any(header[2 * k] != n * piece or header[2 * k + 1] != n * piece * piece for k, piece in enumerate(pieces)):
+        name_mismatch(group, _fingerprint(call, tag), deadline)  # raises, or the digests collided: the call runs
+        return False
+    if rides:
+        reduced = stage[_HEADER:_HEADER + numel]
+        call.args[0].copy_(reduced / n if call.op == "avg" else reduced)
+    return rides
+
+
+# [Note: the stage across hosts]  The check of a group spanning hosts all-reduces (SUM) _STAGE float64s, the
+# same size for every call (a transport may abort a receive of an unexpected size): a header of the digest's
+# four pieces p of 16 bits, each as (p, p*p), then up to STAGE_PAYLOAD elements of a small all_reduce.
+# Sums of integers below 2**53 are exact, so a rank holding p sees sum(p) == n*p and sum(p*p) == n*p*p exactly
+# when every rank holds p (Cauchy-Schwarz): the verdict is the same on every rank.  The hierarchical algorithm
+# meets inside each host through its segment and across hosts once, among one rank per host: between two hosts
+# one round trip of the link, where a flat all_reduce of every rank crosses it at several of its steps.  The
+# payload is summed in float64 and rounded once into the tensor (AVG divided before), the same bits on every
+# rank; whether a call rides depends on its cell and size alone, which the digest compares.
+_HEADER = 8
+#: Elements of a small all_reduce that ride in the check of a group spanning hosts.
+STAGE_PAYLOAD = 8
+_STAGE = _HEADER + STAGE_PAYLOAD
+_RIDE_ALGORITHMS = frozenset(("native", "hierarchical"))
+#: ... and n*p*p stays below 2**53.
+_EXACT_RANKS = 1 << 21
+_RIDE_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+
+
+def _hosts_share_segments(t, tag: int, deadline: Optional[float]) -> bool:
+    """Whether every host's ranks of ``t`` share a segment: each host makes its communicator's arena (where it
+    has several ranks), then every rank of ``t`` learns the verdict of all (a MIN all_reduce over ``t``).
+    Every rank calls it, once; the answer is kept on ``t`` (``host_segments``, else ``no_segment``)."""
+    mine = host_communicator(t, tag=tag, deadline=deadline)
+    shared = 1
+    if mine is not None:
+        try:
+            shm.arena(mine, tag=tag, deadline=deadline)
+        except UnsupportedError:  # the same on every rank of this host
+            shared = 0
+    verdict = torch.tensor([shared], dtype=torch.int64)
+    all_reduce_recursive_doubling(t, verdict, "min", tag=tag, deadline=deadline, segment_bytes=0)
+    if verdict.item():
+        t.local.host_segments = True
+        return True
+    t.local.no_segment = True
+    return False
 
 
 def through_backend(call, tag: int, deadline: Optional[float]) -> bool:

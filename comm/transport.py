@@ -93,6 +93,9 @@ class Attached:
     """Shared heaps of ``shared_empty`` tensors (``shm_heap``)."""
     hierarchy: Any = None
     """The hierarchical algorithms' host layout and sub-communicators (``algorithms.hierarchical``)."""
+    host_segments: bool = False
+    """The ranks span hosts and every host's ranks share a segment, as the mismatch check's first round across
+    hosts found (``check.across_hosts``); where they do not, that round sets ``no_segment`` instead."""
 
 
 class Transport(abc.ABC):

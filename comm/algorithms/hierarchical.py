@@ -152,6 +152,14 @@ def _comms(t: Transport, lay: _Layout, wanted: Sequence[Sequence[int]]) -> list[
     return out
 
 
+def host_communicator(t: Transport, *, tag: int, deadline: Optional[float]) -> Optional[Transport]:
+    """This rank's communicator over the ranks of ``t`` on its host (``t`` itself on one host; ``None`` where the
+    rank is alone on its host).  Every rank of ``t`` calls it, with the same ``tag``: the first call learns the
+    hosts and splits every host's communicator."""
+    lay = _layout(t, tag, deadline)
+    return _comms(t, lay, lay.hosts)[lay.host_of[t.rank]]
+
+
 def release(t: Transport, abandon: bool = False) -> None:
     """Close the sub-communicators hierarchical made over ``t`` (its backend's ``close`` calls this)."""
     local = t.local

@@ -1,19 +1,19 @@
 """algorithm="hierarchical" through the public API, in real processes that report different hosts.
 
 Each rank sets ``ZEROCOMM_HOST`` to its pretend host (uneven, interleaved, one host, one rank per
-host), makes a fresh group over every rank (a group learns its hosts once, at its first use) and
+host), makes a fresh group over every rank that learns those hosts (``support.pretend_hosts``) and
 runs all_reduce, reduce_scatter_tensor, all_gather_into_tensor and broadcast with every dtype and
 op the cell admits, against numpy, on sizes that are empty, smaller than the group, not divisible
 by a host's size, and large enough for several pipelined rounds.  The other collectives are
 refused naming what to use.  gloo (sub-communicators are ProcessGroupGloo splits) and MPI.
 """
-import os
 
 import numpy as np
 import pytest
 import torch
 
 from support.dist import UnsupportedError, dist
+from support.pretend_hosts import group_on_hosts
 from support.reference import DTYPES, RTOL, admitted_ops, rank_input, reduce
 from support.worlds import worlds
 
@@ -36,10 +36,8 @@ def _tensor(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def run_hierarchical(names: str) -> list:
     """On every rank: its checks that failed, as text (empty: all passed)."""
-    os.environ["ZEROCOMM_HOST"] = names[dist.get_rank()]
     failures = []
-    group = dist.new_group(list(range(dist.get_world_size())))
-    try:
+    with group_on_hosts(names) as group:
         rank, n = dist.get_rank(group), dist.get_world_size(group)
         kw = {"group": group, "algorithm": "hierarchical"}
         for dtype in DTYPES:
@@ -77,9 +75,6 @@ def run_hierarchical(names: str) -> list:
         except UnsupportedError as error:
             if "hierarchical" not in str(error) or "instead" not in str(error):
                 failures.append(f"gather refusal names no alternative: {error}")
-    finally:
-        dist.destroy_process_group(group)
-        del os.environ["ZEROCOMM_HOST"]
     return failures
 
 
