@@ -72,7 +72,8 @@ def _bounds(numel: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _piece_bytes(a: shm.Arena, segment_bytes: int) -> int:
-    return max(1, min(segment_bytes, a.slot_bytes))
+    """Bytes a round moves: ``segment_bytes`` within a slot; 0 (no segmenting, as every algorithm reads it): a slot."""
+    return a.slot_bytes if segment_bytes <= 0 else min(segment_bytes, a.slot_bytes)
 
 
 def _average(buf: torch.Tensor, n: int) -> None:

@@ -215,6 +215,32 @@ def test_small_all_reduce_views_follow_the_memory():
         assert results[4:] == [[3.0 * step + 3.0] * 3 for step in range(20)]
 
 
+def test_segment_bytes_zero_means_whole_slots():
+    """``segment_bytes=0`` is "no segmenting" for every algorithm: shm moves a slot a round (a 1 KiB broadcast,
+    reduce or gather is one round), not a byte a round."""
+    def body(t):
+        deadline = time.monotonic() + 20
+        arena = shm.arena(t, tag=1, deadline=deadline)
+        rounds, out = [], []
+        for collective, args in (("broadcast", (0,)), ("reduce", ("sum", 0)), ("all_gather", ())):
+            x = torch.full((256,), float(t.rank + 1))
+            before = arena.round
+            if collective == "all_gather":
+                gathered = torch.empty(256 * t.size)
+                fn(collective)(t, gathered, x, tag=2, deadline=deadline, segment_bytes=0)
+                out.append(sorted(set(gathered.tolist())))
+            else:
+                fn(collective)(t, x, *args, tag=2, deadline=deadline, segment_bytes=0)
+                out.append(sorted(set(x.tolist())))
+            rounds.append(arena.round - before)
+        return rounds, out
+
+    for rank, (rounds, out) in enumerate(run_ranks(3, body, timeout_s=60)):
+        assert all(k <= 1 for k in rounds), rounds  # the C gather round counts no round of the Python path
+        assert out[0] == [1.0] and out[2] == [1.0, 2.0, 3.0], out
+        assert out[1] == ([6.0] if rank == 0 else [float(rank + 1)]), out
+
+
 def test_ranks_on_several_hosts_are_refused_naming_the_alternatives():
     def body(t):
         topology.hosts(t, tag=1, deadline=time.monotonic() + 10, name=f"node{t.rank % 2}")
