@@ -28,6 +28,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
 
 #include <limits.h>
 #include <linux/futex.h>
@@ -172,17 +174,15 @@ static int finish(const long long *a) {
 
 static PyObject *answer(int code) { return code < 0 ? NULL : PyLong_FromLong(code); }
 
-static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[NARGS];
-    if (ints(args, nargs, NARGS, a, "post") < 0)
-        return NULL;
+/* post's work on its arguments `a`: 0, 1, 2 (see the module note), or -1 with an exception set. */
+static int round_post(const long long *a) {
     char *base = (char *)(intptr_t)a[0], *buf = (char *)(intptr_t)a[4];
     Py_ssize_t line = a[1], n = a[2], rank = a[3], slot_bytes = a[5];
     uint32_t step = (uint32_t)a[6];
     if (a[9] < 0 || a[9] > 4 || (a[9] == 4) != (a[10] == GATHER) || a[8] * SIZE_OF(a[9]) > slot_bytes) {
         PyErr_Format(PyExc_ValueError, "post: kind %lld with op %lld and %lld elements is not a round", a[9], a[10],
                      a[8]);
-        return NULL;
+        return -1;
     }
     const char *mine_in = (const char *)(intptr_t)a[7] + (a[10] == GATHER ? rank * a[8] : 0);
     memcpy(buf + rank * slot_bytes, mine_in, a[8] * SIZE_OF(a[9]));
@@ -196,7 +196,7 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         syscall(SYS_futex, mine, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     }
     if (all_reached(base, line, n, rank, step))
-        return answer(finish(a));
+        return finish(a);
     int done;
     Py_BEGIN_ALLOW_THREADS
     double until = now_s() + SPIN_S;
@@ -205,7 +205,14 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         done = all_reached(base, line, n, rank, step);
     } while (!done && now_s() < until);
     Py_END_ALLOW_THREADS
-    return done ? answer(finish(a)) : PyLong_FromLong(2);
+    return done ? finish(a) : 2;
+}
+
+static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[NARGS];
+    if (ints(args, nargs, NARGS, a, "post") < 0)
+        return NULL;
+    return answer(round_post(a));
 }
 
 /* settle(<post's arguments>, slice_s): after post answered 2, sleep on the futex of a peer that has not
@@ -279,6 +286,91 @@ static PyObject *cross(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return PyLong_FromSsize_t(done >= 0 ? done : -error);
 }
 
+/* Rounds(base, line, n, rank, buffers, slot_bytes, digest_word): an arena's round counters, owned here so that
+ * a mismatch check's round is one call.  `step` (the last step stored, u32), `round` (the next round's number:
+ * its buffer is round % 3, at buffers + (round % 3) * n * slot_bytes) and `checks` (checks run: the digest word
+ * alternates between digest_word and digest_word + 1) are attributes the arena's Python rounds read and set.
+ * check(digest, data, nelem, kind, op) runs the next round with the check in it: post's arguments made from the
+ * counters, which it advances; post's answer.  last() gives that round's post arguments (for settle). */
+typedef struct {
+    PyObject_HEAD
+    long long base, line, n, rank, buffers, slot_bytes, digest_word;
+    unsigned int step;
+    long long round, checks;
+    long long last[NARGS];
+} Rounds;
+
+static int rounds_init(Rounds *self, PyObject *args, PyObject *kwds) {
+    if (!PyArg_ParseTuple(args, "LLLLLLL", &self->base, &self->line, &self->n, &self->rank, &self->buffers,
+                          &self->slot_bytes, &self->digest_word))
+        return -1;
+    if (self->n < 1 || self->rank < 0 || self->rank >= self->n || self->line < 8 || self->slot_bytes < 1) {
+        PyErr_SetString(PyExc_ValueError, "Rounds: not an arena's layout");
+        return -1;
+    }
+    self->step = 0;
+    self->round = self->checks = 0;
+    memset(self->last, 0, sizeof self->last);
+    return 0;
+}
+
+static PyObject *rounds_check(Rounds *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long c[5];
+    if (ints(args, nargs, 5, c, "check") < 0)
+        return NULL;
+    long long *a = self->last;
+    long long k = self->round;
+    self->round = k + 1;
+    self->checks += 1;
+    self->step += 1;  /* u32: wraps as the Python rounds' (step + 1) & 0xFFFFFFFF */
+    a[0] = self->base, a[1] = self->line, a[2] = self->n, a[3] = self->rank;
+    a[4] = self->buffers + (k % 3) * self->n * self->slot_bytes, a[5] = self->slot_bytes, a[6] = self->step;
+    a[7] = c[1], a[8] = c[2], a[9] = c[3], a[10] = c[4];
+    a[11] = self->digest_word + (self->checks & 1), a[12] = c[0];
+    return answer(round_post(a));
+}
+
+static PyObject *rounds_last(Rounds *self, PyObject *unused) {
+    PyObject *out = PyTuple_New(NARGS);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < NARGS; i++) {
+        PyObject *v = PyLong_FromLongLong(self->last[i]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+static PyMemberDef rounds_members[] = {
+    {"step", T_UINT, offsetof(Rounds, step), 0, "The last step this rank stored in its arrive word (u32)."},
+    {"round", T_LONGLONG, offsetof(Rounds, round), 0, "The next round's number (its buffer: round % 3)."},
+    {"checks", T_LONGLONG, offsetof(Rounds, checks), 0, "Mismatch checks run (their digest word alternates)."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef rounds_methods[] = {
+    {"check", (PyCFunction)(void (*)(void))rounds_check, METH_FASTCALL,
+     "check(digest, data, nelem, kind, op): the next round with the mismatch check in it; post's answer."},
+    {"last", (PyCFunction)rounds_last, METH_NOARGS, "The last check round's post arguments (a tuple), for settle."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RoundsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "zerocomm.comm._shmfast.Rounds",
+    .tp_basicsize = sizeof(Rounds),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An arena's round counters (see _shmfast.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)rounds_init,
+    .tp_members = rounds_members,
+    .tp_methods = rounds_methods,
+};
+
 static PyMethodDef methods[] = {
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL,
      "Copy in, arrive, spin briefly for the peers, then combine: 0, 1 (mismatch) or 2 (wait; see the note)."},
@@ -294,4 +386,17 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_shmfast",
                                     "The small shared-memory all_reduce in C (see _shmfast.c).", -1, methods};
 
-PyMODINIT_FUNC PyInit__shmfast(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__shmfast(void) {
+    if (PyType_Ready(&RoundsType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&RoundsType);
+    if (PyModule_AddObject(m, "Rounds", (PyObject *)&RoundsType) < 0) {
+        Py_DECREF(&RoundsType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

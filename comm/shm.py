@@ -293,6 +293,15 @@ class CallMismatch(Exception):
         self.fingerprint = fingerprint
 
 
+class _Rounds:
+    """The round counters where ``_shmfast`` (whose ``Rounds`` holds them) is not built."""
+
+    __slots__ = ("step", "round", "checks")
+
+    def __init__(self):
+        self.step = self.round = self.checks = 0
+
+
 class Arena:
     """The shared segment of one communicator; see the module notes.  Not thread-safe: the group runs
     one collective at a time.
@@ -300,7 +309,8 @@ class Arena:
     Attributes:
         n, rank: the communicator's size and this rank.
         slot_bytes: bytes of one slot (the most one rank puts in one round).
-        round: the next round's number (its buffer is ``round % 3``); schedules advance it.
+        rounds: the round counters; ``rounds.round`` is the next round's number (its buffer is ``round % 3``),
+            which schedules advance.
     """
 
     def __init__(self, mm: mmap.mmap, n: int, rank: int, slot_bytes: int):
@@ -313,10 +323,12 @@ class Arena:
         self._base = self.raw.data_ptr()
         self._data = aligned(n * LINE)
         self._buffers, self._round_bytes = self._base + self._data, n * slot_bytes  # for the C round
-        self.step = 0
-        self.round = 0
+        #: The round counters: ``step`` (the last step stored), ``round`` (the next round's number) and ``checks``
+        #: (mismatch checks run: picks the digest word, they alternate) -- in C where built, so that a check's
+        #: round is one call (``rounds.check``).
+        self.rounds = (_shmfast.Rounds(self._base, LINE, n, rank, self._buffers, slot_bytes, _DIGEST)
+                       if _shmfast is not None else _Rounds())
         self.calls = 0
-        self.checks = 0  # mismatch checks run: picks the digest word (they alternate)
         self.armed: Optional[tuple] = None  # (digest, fingerprint) of an armed check (``expect``)
         self._nothing = torch.empty(1)[:0]  # a check alone's tensor in the C round (``settle``)
         #: Whether large all_reduce calls read and write peers' tensors with ``process_vm_readv``/``writev``
@@ -444,9 +456,9 @@ class Arena:
             word, code = -1, 0
             if expected is not None:
                 self.armed = None
-                self.checks += 1
-                word, code = _DIGEST + (self.checks & 1), expected[0]
-            step = self.step = (self.step + 1) & _MASK
+                self.rounds.checks += 1
+                word, code = _DIGEST + (self.rounds.checks & 1), expected[0]
+            step = self.rounds.step = (self.rounds.step + 1) & _MASK
             args = (self._base, LINE, self.n, self.rank, self._buffers, self.slot_bytes, step, self._buffers, 0, 0, 0,
                     word, code)
             answer = _shmfast.post(*args)
@@ -455,10 +467,10 @@ class Arena:
             return
         if expected is not None:
             self.armed = None
-            self.checks += 1
-            word = _DIGEST + (self.checks & 1)
+            self.rounds.checks += 1
+            word = _DIGEST + (self.rounds.checks & 1)
             self._i64[self.rank * (LINE // 8) + word] = expected[0]
-        step = self.step = (self.step + 1) & _MASK
+        step = self.rounds.step = (self.rounds.step + 1) & _MASK
         u32 = self._u32
         me = self.rank * _WORDS
         u32[me] = step  # _ARRIVE: the one store that tells every peer this rank got here
@@ -472,7 +484,7 @@ class Arena:
                 self._wait_for(p, step, deadline, what)
         if expected is not None and any(self._i64[p * (LINE // 8) + word] != expected[0] for p in self._peers):
             # Every rank stops here, at the same step: start the next call's rounds and parity in step.
-            self.calls = self.round = 0
+            self.calls = self.rounds.round = 0
             raise CallMismatch(expected[1])
 
     def reduce_small_c(self, tensor: torch.Tensor, kind: int, op: int, deadline: Optional[float], what: str) -> None:
@@ -498,11 +510,11 @@ class Arena:
         word, code = -1, 0
         if expected is not None:
             self.armed = None
-            self.checks += 1
-            word, code = _DIGEST + (self.checks & 1), expected[0]
-        k = self.round
-        self.round = k + 1
-        step = self.step = (self.step + 1) & _MASK
+            self.rounds.checks += 1
+            word, code = _DIGEST + (self.rounds.checks & 1), expected[0]
+        k = self.rounds.round
+        self.rounds.round = k + 1
+        step = self.rounds.step = (self.rounds.step + 1) & _MASK
         args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
                 step, address, nelem, kind, op, word, code)
         answer = _shmfast.post(*args)
@@ -519,15 +531,14 @@ class Arena:
             self.armed = (digest, fingerprint)
             self.sync(deadline, "the mismatch check")
             return
-        self.checks += 1
-        k = self.round
-        self.round = k + 1
-        step = self.step = (self.step + 1) & _MASK
-        args = (self._base, LINE, self.n, self.rank, self._buffers + (k % 3) * self._round_bytes, self.slot_bytes,
-                step, address, numel, kind, op, _DIGEST + (self.checks & 1), digest)
-        answer = _shmfast.post(*args)
+        answer = self.rounds.check(digest, address, numel, kind, op)
         if answer:
-            self._settle_round(answer, args, step, deadline, "the mismatch check", (0, fingerprint))
+            self.settle_check(answer, deadline, fingerprint)
+
+    def settle_check(self, answer: int, deadline: Optional[float], fingerprint: Optional[tuple] = None) -> None:
+        """The rest of a check round (``rounds.check``) that answered ``answer`` (not 0): as ``_settle_round``."""
+        self._settle_round(answer, self.rounds.last(), self.rounds.step, deadline, "the mismatch check",
+                           (0, fingerprint))
 
     def _settle_round(self, answer: int, args: tuple, step: int, deadline: Optional[float], what: str,
                       armed: Optional[tuple]) -> None:
@@ -540,7 +551,7 @@ class Arena:
             if answer == 2:
                 self._still_late(step, deadline, what)
         if answer:
-            self.calls = self.round = 0  # every rank stops here, at the same step: the next call starts in step
+            self.calls = self.rounds.round = 0  # every rank stops here, at the same step: the next call starts in step
             raise CallMismatch(armed[1])
 
     def _still_late(self, step: int, deadline: Optional[float], what: str) -> None:

@@ -145,8 +145,8 @@ def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, 
         if kind is not None:
             a.reduce_small_c(tensor, kind, FAST_OPS[op], deadline, what)
             return
-    k = a.round
-    a.round += 1
+    k = a.rounds.round
+    a.rounds.round += 1
     mine = a.numpy_view(tensor)
     if mine is not None:
         slots = a.slots_numpy(k, mine.dtype, mine.size)
@@ -187,8 +187,8 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
     numel = tensor.numel()
     piece = max(1, _piece_bytes(a, segment_bytes) // es)
     rounds = -(-numel // piece)
-    first = a.round
-    a.round += rounds
+    first = a.rounds.round
+    a.rounds.round += rounds
     parity = a.begin()
     heap, offset = heap_slot(t, tensor) if zero_copy else (-1, 0)
     a.publish(parity, 0, heap)
@@ -388,8 +388,8 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
     dtype = input.dtype
     piece = max(1, _piece_bytes(a, segment_bytes) // input.element_size() // n)
     rounds = -(-m // piece)
-    first = a.round
-    a.round += rounds
+    first = a.rounds.round
+    a.rounds.round += rounds
     combine = KERNELS[op]
     peers = [p for p in range(n) if p != r]
     for k in range(rounds):
@@ -450,8 +450,8 @@ def _reduce_scatter_direct(a: shm.Arena, output: torch.Tensor, input: torch.Tens
 
 def _rounds(a: shm.Arena, nbytes: int, piece: int) -> tuple[int, int]:
     rounds = -(-nbytes // piece)
-    first = a.round
-    a.round += rounds
+    first = a.rounds.round
+    a.rounds.round += rounds
     return first, rounds
 
 
@@ -565,8 +565,8 @@ def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_
     a.publish(parity, 0, max((in_counts[j] * es for j in range(n) if j != r), default=0))
     rounds, k = 1, 0
     while k < rounds:
-        index = a.round
-        a.round += 1
+        index = a.rounds.round
+        a.rounds.round += 1
         slot = a.slot(index, r)
         lo = k * piece
         for j in range(n):

@@ -215,6 +215,34 @@ def test_small_all_reduce_views_follow_the_memory():
         assert results[4:] == [[3.0 * step + 3.0] * 3 for step in range(20)]
 
 
+def test_check_rounds_in_c_count_compare_and_reduce():
+    """``Arena.rounds`` (``_shmfast.Rounds``): each check round advances step, round and checks by one and reduces
+    its payload as the small all_reduce does; a digest that differs on one rank raises ``CallMismatch`` on every
+    rank at the same round, which starts the rounds again from 0 in step."""
+    if shm._shmfast is None:
+        pytest.skip(NO_SHMFAST)
+
+    def body(t):
+        deadline = time.monotonic() + 20
+        arena = shm.arena(t, tag=1, deadline=deadline)
+        start = (arena.rounds.step, arena.rounds.round, arena.rounds.checks)
+        x = torch.full((5,), float(t.rank + 1))
+        for k in range(4):
+            arena.checked_round(1000 + k, ("call", k), x.data_ptr(), 5, 0, 0, deadline)  # float32 SUM
+        counted = (arena.rounds.step - start[0], arena.rounds.round - start[1], arena.rounds.checks - start[2])
+        try:
+            arena.checked_round(7 if t.rank == 1 else 8, ("odd", t.rank), 0, 0, 0, 0, deadline)
+            raised = None
+        except shm.CallMismatch as mismatch:
+            raised = mismatch.fingerprint
+        return counted, x.tolist(), raised, arena.rounds.round
+
+    for rank, (counted, values, raised, round_after) in enumerate(run_ranks(3, body, timeout_s=60)):
+        assert counted == (4, 4, 4), counted
+        assert values == [6.0 * 3 ** 3] * 5, values  # 1 + 2 + 3, then tripled by each later round
+        assert raised == ("odd", rank) and round_after == 0, (raised, round_after)
+
+
 def test_segment_bytes_zero_means_whole_slots():
     """``segment_bytes=0`` is "no segmenting" for every algorithm: shm moves a slot a round (a 1 KiB broadcast,
     reduce or gather is one round), not a byte a round."""
@@ -224,7 +252,7 @@ def test_segment_bytes_zero_means_whole_slots():
         rounds, out = [], []
         for collective, args in (("broadcast", (0,)), ("reduce", ("sum", 0)), ("all_gather", ())):
             x = torch.full((256,), float(t.rank + 1))
-            before = arena.round
+            before = arena.rounds.round
             if collective == "all_gather":
                 gathered = torch.empty(256 * t.size)
                 fn(collective)(t, gathered, x, tag=2, deadline=deadline, segment_bytes=0)
@@ -232,7 +260,7 @@ def test_segment_bytes_zero_means_whole_slots():
             else:
                 fn(collective)(t, x, *args, tag=2, deadline=deadline, segment_bytes=0)
                 out.append(sorted(set(x.tolist())))
-            rounds.append(arena.round - before)
+            rounds.append(arena.rounds.round - before)
         return rounds, out
 
     for rank, (rounds, out) in enumerate(run_ranks(3, body, timeout_s=60)):

@@ -82,4 +82,4 @@ def test_the_first_call_and_a_later_one_take_one_route(world):
             # A later call's route is the first call's, without the full checks and the plan's making.
             # (A peer late to a round makes its wait a function of its own: on either call, by timing alone.)
             assert set(later) - set(first) <= {"comm/work.py:wait", "comm/work.py:_settle", "comm/shm.py:_settle_round",
-                                               "comm/shm.py:_still_late"}, (where, first)
+                                               "comm/shm.py:settle_check", "comm/shm.py:_still_late"}, (where, first)
