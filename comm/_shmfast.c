@@ -286,6 +286,26 @@ static PyObject *cross(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return PyLong_FromSsize_t(done >= 0 ? done : -error);
 }
 
+/* digest(tag, numel, cell_code): the mismatch check's 62-bit hash of one call (comm/check.py's `digest`, whose
+ * Python twin gives the same bits): splitmix64's finalizer over the call's sequence number, element count and
+ * cell code, all taken modulo 2**64. */
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static PyObject *digest(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[3];
+    if (ints(args, nargs, 3, a, "digest") < 0)
+        return NULL;
+    uint64_t x = ((uint64_t)a[0] * 0x9E3779B97F4A7C15ull + mix64((uint64_t)a[1] + 0x632BE59BD9B4E019ull))
+                 ^ (uint64_t)a[2];
+    return PyLong_FromUnsignedLongLong(mix64(x) & ((1ull << 62) - 1));
+}
+
 /* Rounds(base, line, n, rank, buffers, slot_bytes, digest_word): an arena's round counters, owned here so that
  * a mismatch check's round is one call.  `step` (the last step stored, u32), `round` (the next round's number:
  * its buffer is round % 3, at buffers + (round % 3) * n * slot_bytes) and `checks` (checks run: the digest word
@@ -372,6 +392,8 @@ static PyTypeObject RoundsType = {
 };
 
 static PyMethodDef methods[] = {
+    {"digest", (PyCFunction)(void (*)(void))digest, METH_FASTCALL,
+     "digest(tag, numel, cell_code): the mismatch check's 62-bit hash of a call (see check.digest)."},
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL,
      "Copy in, arrive, spin briefly for the peers, then combine: 0, 1 (mismatch) or 2 (wait; see the note)."},
     {"settle", (PyCFunction)(void (*)(void))settle, METH_FASTCALL,

@@ -68,10 +68,27 @@ _DTYPES = frozenset(SUPPORTED_DTYPES)
 Checker = Callable[..., bool]
 
 
-def digest(tag: int, numel: int, cell_code: int) -> int:
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    x ^= x >> 30
+    x = x * 0xBF58476D1CE4E5B9 & _M64
+    x ^= x >> 27
+    x = x * 0x94D049BB133111EB & _M64
+    return x ^ (x >> 31)
+
+
+def digest_twin(tag: int, numel: int, cell_code: int) -> int:
     """The check's hash of one call: its tag (the group's sequence number), its element count and its cell
-    (``hash`` of :func:`fingerprint_cell`: small ints, so the hash is the same in every process)."""
-    return hash((tag, numel, cell_code)) & DIGEST_MASK
+    (``hash`` of :func:`fingerprint_cell`: small ints, so the hash is the same in every process), mixed by
+    splitmix64's finalizer modulo 2**64 and kept to 62 bits.  ``_shmfast.digest`` gives the same bits in C."""
+    x = (tag * 0x9E3779B97F4A7C15 + _mix64((numel + 0x632BE59BD9B4E019) & _M64)) & _M64 ^ (cell_code & _M64)
+    return _mix64(x) & DIGEST_MASK
+
+
+#: ``digest(tag, numel, cell_code)``: in C where built (every call pays it), else its Python twin.
+digest = shm._shmfast.digest if shm._shmfast is not None else digest_twin
 
 
 def fingerprint_cell(collective: str, op: Optional[str], dtype: torch.dtype, root: int, algorithm: str) -> tuple:
@@ -131,7 +148,7 @@ def in_segment(call, tag: int, deadline: Optional[float]) -> bool:
     """One round of the arena's step words comparing the digests; a small all_reduce asked of the backend
     ("native", a dtype and op the C round reduces, at most ``RIDE_BYTES``) rides in it and is done."""
     arena = call.group.communicator.local.arena
-    code = hash((tag, call.numel, call.check[0])) & DIGEST_MASK  # = digest(), inlined: every call pays it
+    code = digest(tag, call.numel, call.check[0])
     try:
         if arena is None:
             arena = _arena(call, tag, deadline)
@@ -166,7 +183,7 @@ def in_first_sync(call, tag: int, deadline: Optional[float]) -> bool:
         except UnsupportedError:  # no segment after all (every rank alike): "auto" chooses again from now on
             call.group.forget_plans()
             raise
-    arena.expect(hash((tag, call.numel, call.check[0])) & DIGEST_MASK, (tag, call.numel, *call.check[1]))
+    arena.expect(digest(tag, call.numel, call.check[0]), (tag, call.numel, *call.check[1]))
     return False
 
 
@@ -187,7 +204,7 @@ def across_hosts(call, tag: int, deadline: Optional[float]) -> bool:
         if not t.local.host_segments and not _hosts_share_segments(t, tag, deadline):
             group.forget_plans()  # every rank alike: from now on the group checks through the backend
             return through_backend(call, tag, deadline)
-        code = hash((tag, call.numel, call.check[0])) & DIGEST_MASK
+        code = digest(tag, call.numel, call.check[0])
         pieces = (code & 0xFFFF, (code >> 16) & 0xFFFF, (code >> 32) & 0xFFFF, code >> 48)
         stage = torch.zeros(_STAGE, dtype=torch.float64)
         stage[:_HEADER] = torch.tensor([x for piece in pieces for x in (piece, piece * piece)], dtype=torch.float64)
@@ -254,7 +271,7 @@ def through_backend(call, tag: int, deadline: Optional[float]) -> bool:
     group = call.group
     rides = call.collective == "all_reduce" and call.options is None
     try:
-        agreed = group.communicator.agree(hash((tag, call.numel, call.check[0])) & DIGEST_MASK, deadline,
+        agreed = group.communicator.agree(digest(tag, call.numel, call.check[0]), deadline,
                                           call.args[0] if rides else None, call.op, tag=tag,
                                           algorithm=call.algorithm)
     except TimeoutError as error:
