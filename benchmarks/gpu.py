@@ -514,10 +514,11 @@ def _codec(args) -> dict:
         return (time.perf_counter() - began) / reps
 
     figures = {"numel": numel, "copy": timed(lambda: out.copy_(tensor))}
-    original = kernels.codec_for
+    import zerocomm.ops.onebit as onebit
+    original = onebit.codec_for
     for variant in ("fused", "torch"):
         if variant == "torch":
-            kernels.codec_for = lambda *key: kernels._TorchCodec(*key)
+            onebit.codec_for = lambda *key: kernels._TorchCodec(*key)
         try:
             state = ErrorFeedback(variant)
             codec = state.worker_step(tensor, 2, 0)
@@ -529,7 +530,7 @@ def _codec(args) -> dict:
                                 "server": timed(state.server_step),
                                 "decode": timed(lambda: codec.decode(out))}
         finally:
-            kernels.codec_for = original
+            onebit.codec_for = original
         del state, codec
     figures["fused"]["cupy"] = __import__("zerocomm.ops.onebit_cuda", fromlist=["x"]).cupy_available() or "imports"
     return figures

@@ -297,21 +297,26 @@ static uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+static long long call_digest(long long tag, long long numel, long long cell_code) {
+    uint64_t x = ((uint64_t)tag * 0x9E3779B97F4A7C15ull + mix64((uint64_t)numel + 0x632BE59BD9B4E019ull))
+                 ^ (uint64_t)cell_code;
+    return (long long)(mix64(x) & ((1ull << 62) - 1));
+}
+
 static PyObject *digest(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long a[3];
     if (ints(args, nargs, 3, a, "digest") < 0)
         return NULL;
-    uint64_t x = ((uint64_t)a[0] * 0x9E3779B97F4A7C15ull + mix64((uint64_t)a[1] + 0x632BE59BD9B4E019ull))
-                 ^ (uint64_t)a[2];
-    return PyLong_FromUnsignedLongLong(mix64(x) & ((1ull << 62) - 1));
+    return PyLong_FromLongLong(call_digest(a[0], a[1], a[2]));
 }
 
 /* Rounds(base, line, n, rank, buffers, slot_bytes, digest_word): an arena's round counters, owned here so that
  * a mismatch check's round is one call.  `step` (the last step stored, u32), `round` (the next round's number:
  * its buffer is round % 3, at buffers + (round % 3) * n * slot_bytes) and `checks` (checks run: the digest word
  * alternates between digest_word and digest_word + 1) are attributes the arena's Python rounds read and set.
- * check(digest, data, nelem, kind, op) runs the next round with the check in it: post's arguments made from the
- * counters, which it advances; post's answer.  last() gives that round's post arguments (for settle). */
+ * check(tag, numel, cell_code, data, nelem, kind, op) runs the next round with the check of that call in it (its
+ * digest, as digest() makes it, compared): post's arguments made from the counters, which it advances; post's
+ * answer.  last() gives that round's post arguments (for settle). */
 typedef struct {
     PyObject_HEAD
     long long base, line, n, rank, buffers, slot_bytes, digest_word;
@@ -335,8 +340,8 @@ static int rounds_init(Rounds *self, PyObject *args, PyObject *kwds) {
 }
 
 static PyObject *rounds_check(Rounds *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long c[5];
-    if (ints(args, nargs, 5, c, "check") < 0)
+    long long c[7];
+    if (ints(args, nargs, 7, c, "check") < 0)
         return NULL;
     long long *a = self->last;
     long long k = self->round;
@@ -345,8 +350,8 @@ static PyObject *rounds_check(Rounds *self, PyObject *const *args, Py_ssize_t na
     self->step += 1;  /* u32: wraps as the Python rounds' (step + 1) & 0xFFFFFFFF */
     a[0] = self->base, a[1] = self->line, a[2] = self->n, a[3] = self->rank;
     a[4] = self->buffers + (k % 3) * self->n * self->slot_bytes, a[5] = self->slot_bytes, a[6] = self->step;
-    a[7] = c[1], a[8] = c[2], a[9] = c[3], a[10] = c[4];
-    a[11] = self->digest_word + (self->checks & 1), a[12] = c[0];
+    a[7] = c[3], a[8] = c[4], a[9] = c[5], a[10] = c[6];
+    a[11] = self->digest_word + (self->checks & 1), a[12] = call_digest(c[0], c[1], c[2]);
     return answer(round_post(a));
 }
 
@@ -374,7 +379,7 @@ static PyMemberDef rounds_members[] = {
 
 static PyMethodDef rounds_methods[] = {
     {"check", (PyCFunction)(void (*)(void))rounds_check, METH_FASTCALL,
-     "check(digest, data, nelem, kind, op): the next round with the mismatch check in it; post's answer."},
+     "check(tag, numel, cell_code, data, nelem, kind, op): the next round with that call's check; post's answer."},
     {"last", (PyCFunction)rounds_last, METH_NOARGS, "The last check round's post arguments (a tuple), for settle."},
     {NULL, NULL, 0, NULL},
 };

@@ -48,6 +48,7 @@ from typing import Callable, Optional
 import torch
 
 from . import shm
+from .shm import DIGEST_MASK, digest, digest_twin  # noqa: F401  (the check's digest: in C beside its rounds)
 from .algorithms import ALGORITHM_NAMES, COLLECTIVES
 from .algorithms.hierarchical import all_reduce_hierarchical, host_communicator
 from .algorithms.tree import all_reduce_recursive_doubling
@@ -56,8 +57,6 @@ from .reduce_op import SUPPORTED_DTYPES
 from .topology import shares_memory
 from .transport import AGREE_AND_REDUCED, DISAGREE, USER_TAG_LIMIT
 
-#: A digest is kept to 62 bits, so that it and its negation fit an int64 (MPI's check reduces both).
-DIGEST_MASK = (1 << 62) - 1
 
 #: The largest all_reduce (bytes) that rides in the segment's check round instead of running on the backend.
 RIDE_BYTES = 4096
@@ -68,27 +67,6 @@ _DTYPES = frozenset(SUPPORTED_DTYPES)
 Checker = Callable[..., bool]
 
 
-_M64 = (1 << 64) - 1
-
-
-def _mix64(x: int) -> int:
-    x ^= x >> 30
-    x = x * 0xBF58476D1CE4E5B9 & _M64
-    x ^= x >> 27
-    x = x * 0x94D049BB133111EB & _M64
-    return x ^ (x >> 31)
-
-
-def digest_twin(tag: int, numel: int, cell_code: int) -> int:
-    """The check's hash of one call: its tag (the group's sequence number), its element count and its cell
-    (``hash`` of :func:`fingerprint_cell`: small ints, so the hash is the same in every process), mixed by
-    splitmix64's finalizer modulo 2**64 and kept to 62 bits.  ``_shmfast.digest`` gives the same bits in C."""
-    x = (tag * 0x9E3779B97F4A7C15 + _mix64((numel + 0x632BE59BD9B4E019) & _M64)) & _M64 ^ (cell_code & _M64)
-    return _mix64(x) & DIGEST_MASK
-
-
-#: ``digest(tag, numel, cell_code)``: in C where built (every call pays it), else its Python twin.
-digest = shm._shmfast.digest if shm._shmfast is not None else digest_twin
 
 
 def fingerprint_cell(collective: str, op: Optional[str], dtype: torch.dtype, root: int, algorithm: str) -> tuple:
@@ -148,20 +126,21 @@ def in_segment(call, tag: int, deadline: Optional[float]) -> bool:
     """One round of the arena's step words comparing the digests; a small all_reduce asked of the backend
     ("native", a dtype and op the C round reduces, at most ``RIDE_BYTES``) rides in it and is done."""
     arena = call.group.communicator.local.arena
-    code = digest(tag, call.numel, call.check[0])
     try:
         if arena is None:
             arena = _arena(call, tag, deadline)
             if arena is None:
                 return through_backend(call, tag, deadline)
         ride = call.ride
-        if shm.FAST_ROUNDS:  # the round is one C call (Arena.checked_round's, without its frame)
-            answer = (arena.rounds.check(code, 0, 0, 0, 0) if ride is None
-                      else arena.rounds.check(code, call.args[0].data_ptr(), call.numel, ride[0], ride[1]))
+        if shm.FAST_ROUNDS:  # the round and its digest in one C call (Arena.checked_round, without its frame)
+            numel = call.numel
+            answer = (arena.rounds.check(tag, numel, call.check[0], 0, 0, 0, 0) if ride is None
+                      else arena.rounds.check(tag, numel, call.check[0], call.args[0].data_ptr(), numel, ride[0],
+                                              ride[1]))
             if answer:
                 arena.settle_check(answer, deadline)
             return ride is not None
-        arena.checked_round(code, None, 0, 0, 0, 0, deadline)
+        arena.checked_round((tag, call.numel, call.check[0]), None, 0, 0, 0, 0, deadline)
     except TimeoutError as error:
         raise _reached(call, tag, error) from None
     except shm.CallMismatch:  # the fingerprint, made only now: every call would pay for it

@@ -35,6 +35,10 @@ from .errors import CollectiveMismatchError, CommError, CommTimeoutError, NotIni
 from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import IssuedWork, Work
 
+_monotonic = time.monotonic
+#: The checker whose check an "shm" call's own first sync runs, settled after the call if it never synced.
+_ARMS_FIRST_SYNC = check.in_first_sync
+
 #: The deadline of a group created without one (``CommConfig.timeout_s``'s default; see docs/failures.md).
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=CommConfig().timeout_s)
 
@@ -127,8 +131,12 @@ class Group:
     def run(self, call) -> Optional[Work]:
         """Run ``call`` (a ``plan.Call``) in this group's order; return a ``Work`` if ``call.async_op``."""
         # Observers (byte counters, the profiler) see the calls issued while they are registered.
-        observers = tuple(WORLD.observers) if WORLD.observers else ()
-        issued_s = time.perf_counter() if observers else 0.0  # an observed call's record shows its queueing
+        observers = WORLD.observers
+        if observers:
+            observers = tuple(observers)
+            issued_s = time.perf_counter()  # an observed call's record shows its queueing
+        else:
+            observers, issued_s = (), 0.0
         with self._lock:
             if self._closed:
                 raise CommError(f"rank {self.my_global_rank}: {call.collective}: {self.describe()} was destroyed")
@@ -234,7 +242,7 @@ class Group:
     def execute(self, call, tag: int, observers: tuple = (), issued_s: float = 0.0) -> None:
         """Run one checked call now: its waits end by its deadline; failures become typed errors."""
         seconds = self._timeout_s if call.timeout is None else call.timeout
-        start = time.monotonic()
+        start = _monotonic()
         deadline = start + seconds
         try:
             # The mismatch check wraps the call (check.py): a round of its own before the call, or, for an "shm"
@@ -253,7 +261,7 @@ class Group:
                               segment_bytes=self.segment_bytes)
             else:
                 self._call(call, tag, deadline, self.segment_bytes)
-            if checker is check.in_first_sync:
+            if checker is _ARMS_FIRST_SYNC:
                 check.settle(call, deadline)
         except TimeoutError as error:
             raise self._timed_out(call.collective, seconds, error, start) from None

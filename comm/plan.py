@@ -38,6 +38,7 @@ _profiling = torch.autograd._profiler_enabled
 #: unprofiled call makes no call to ask.
 _profilers = torch.autograd.profiler
 _new = tuple.__new__
+_RIDE_BYTES = check.RIDE_BYTES
 
 
 class Call(NamedTuple):
@@ -129,7 +130,7 @@ class Plan:
         ride = row[5]
         call = _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
                            self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype, row[3], row[4],
-                           ride if ride is not None and nbytes <= check.RIDE_BYTES else None))
+                           ride if ride is not None and nbytes <= _RIDE_BYTES else None))
         if _profilers._is_profiler_enabled and _profiling():
             return torch_events.run(call, self.profile_name, outputs if inputs is None else inputs)
         return self.group.run(call)
@@ -146,7 +147,7 @@ class Plan:
         ride = row[5]
         return _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
                            self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype, row[3], row[4],
-                           ride if ride is not None and nbytes <= check.RIDE_BYTES else None))
+                           ride if ride is not None and nbytes <= _RIDE_BYTES else None))
 
 
 def plan_for(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,

@@ -309,8 +309,6 @@ class ErrorFeedback:
         Returns the codec whose ``send`` rows now hold the signs of every segment and the scale;
         the worker error absorbs what they fail to carry.  Half-precision tensors work in float32.
         """
-        from .onebit_kernels import codec_for
-
         dtype = torch.float64 if tensor.dtype == torch.float64 else torch.float32
         key = (tensor.numel(), world_size, rank, dtype, tensor.device)
         if self._codec is None or self._codec.key != key:
@@ -417,3 +415,19 @@ class ErrorFeedback:
         self._worker_error = loaded["worker_error"]
         self._server_error = loaded["server_error"]
         self._worker_pending = self._server_pending = None
+
+
+def codec_for(numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.device):
+    """The codec (``onebit_kernels.Codec``) for a work ``dtype`` (float32 or float64) on ``device``: numpy blocks
+    on CPU, fused cupy kernels on CUDA when cupy imports (``onebit_cuda``), whole-tensor torch ops otherwise."""
+    from . import onebit_kernels  # the kernels load their C library on first use
+
+    if device.type == "cpu":
+        return onebit_kernels._CpuCodec(numel, n, rank, dtype, device)
+    if device.type == "cuda":
+        from .onebit_cuda import cupy_codec
+
+        fused = cupy_codec(numel, n, rank, dtype, device)
+        if fused is not None:
+            return fused
+    return onebit_kernels._TorchCodec(numel, n, rank, dtype, device)

@@ -386,17 +386,3 @@ class _TorchCodec(Codec):
         tables = (self.rows.view(1, 256, 8) * scales).view(self.n * 256, 8)
         index = rows[:, :self.seg_bytes].long() + self.offsets
         return tables.index_select(0, index.view(-1)).view(self.n, self.seg)
-
-
-def codec_for(numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.device) -> Codec:
-    """The codec for a work ``dtype`` (float32 or float64) on ``device``: numpy blocks on CPU, fused
-    cupy kernels on CUDA when cupy imports, whole-tensor torch ops otherwise."""
-    if device.type == "cpu":
-        return _CpuCodec(numel, n, rank, dtype, device)
-    if device.type == "cuda":
-        from .onebit_cuda import cupy_codec
-
-        fused = cupy_codec(numel, n, rank, dtype, device)
-        if fused is not None:
-            return fused
-    return _TorchCodec(numel, n, rank, dtype, device)

@@ -228,10 +228,10 @@ def test_check_rounds_in_c_count_compare_and_reduce():
         start = (arena.rounds.step, arena.rounds.round, arena.rounds.checks)
         x = torch.full((5,), float(t.rank + 1))
         for k in range(4):
-            arena.checked_round(1000 + k, ("call", k), x.data_ptr(), 5, 0, 0, deadline)  # float32 SUM
+            arena.checked_round((1000 + k, 5, 3), ("call", k), x.data_ptr(), 5, 0, 0, deadline)  # float32 SUM
         counted = (arena.rounds.step - start[0], arena.rounds.round - start[1], arena.rounds.checks - start[2])
         try:
-            arena.checked_round(7 if t.rank == 1 else 8, ("odd", t.rank), 0, 0, 0, 0, deadline)
+            arena.checked_round((7, 0, 1 if t.rank == 1 else 2), ("odd", t.rank), 0, 0, 0, 0, deadline)
             raised = None
         except shm.CallMismatch as mismatch:
             raised = mismatch.fingerprint

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+import zerocomm.ops.onebit as onebit
 import zerocomm.ops.onebit_kernels as kernels
 from support.onebit_reference import OneBitModel
 from zerocomm.ops import ErrorFeedback
@@ -125,7 +126,7 @@ def test_many_blocks_and_padding_inside_a_block(monkeypatch):
 
 def test_torch_codec_matches_the_model(monkeypatch):
     """The whole-tensor torch codec (what CUDA runs without cupy), forced on CPU."""
-    monkeypatch.setattr(kernels, "codec_for", lambda *key: _TorchCodec(*key))
+    monkeypatch.setattr(onebit, "codec_for", lambda *key: _TorchCodec(*key))
     n, numel = 3, 1027
     states = [ErrorFeedback() for _ in range(n)]
     model = OneBitModel(n, numel)
