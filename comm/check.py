@@ -127,7 +127,9 @@ def in_segment(call, tag: int, deadline: Optional[float]) -> bool:
     ("native", a dtype and op the C round reduces, at most ``RIDE_BYTES``) rides in it and is done."""
     arena = call.group.communicator.local.arena
     try:
-        if arena is None:
+        if arena is None and call.algorithm == "shm":  # a riding "shm" call: no segment refuses it, as "shm" does
+            arena = _shm_arena(call, tag, deadline)
+        elif arena is None:
             arena = _arena(call, tag, deadline)
             if arena is None:
                 return through_backend(call, tag, deadline)
@@ -150,20 +152,25 @@ def in_segment(call, tag: int, deadline: Optional[float]) -> bool:
 
 def in_first_sync(call, tag: int, deadline: Optional[float]) -> bool:
     """Arm the check of an "shm" call: its first sync compares the digests (no round of its own).  A small
-    all_reduce (the plan's ``ride``) is that one round: it runs here, as :func:`in_segment` runs it."""
-    if call.ride is not None and call.group.communicator.local.arena is not None:
-        return in_segment(call, tag, deadline)
+    all_reduce (the plan's ``ride``) is that one round: the plan checks it with :func:`in_segment` instead."""
     arena = call.group.communicator.local.arena
     if arena is None:
         try:
-            arena = shm.arena(call.group.communicator, tag=tag, deadline=deadline)
+            arena = _shm_arena(call, tag, deadline)
         except TimeoutError as error:
             raise _reached(call, tag, error) from None
-        except UnsupportedError:  # no segment after all (every rank alike): "auto" chooses again from now on
-            call.group.forget_plans()
-            raise
     arena.expect(digest(tag, call.numel, call.check[0]), (tag, call.numel, *call.check[1]))
     return False
+
+
+def _shm_arena(call, tag: int, deadline: Optional[float]):
+    """The arena of an "shm" call's group, made by its first call (every rank together); ``UnsupportedError``
+    where the ranks cannot share a segment (every rank alike): "auto" chooses again from then on."""
+    try:
+        return shm.arena(call.group.communicator, tag=tag, deadline=deadline)
+    except UnsupportedError:
+        call.group.forget_plans()
+        raise
 
 
 def settle(call, deadline: Optional[float]) -> None:

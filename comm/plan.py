@@ -39,6 +39,8 @@ _profiling = torch.autograd._profiler_enabled
 _profilers = torch.autograd.profiler
 _new = tuple.__new__
 _RIDE_BYTES = check.RIDE_BYTES
+#: The checker of a call that rides (an "shm" row's small all_reduce too: its one round is the check's).
+_RIDES_IN = check.in_segment
 
 
 class Call(NamedTuple):
@@ -86,7 +88,8 @@ class Row(NamedTuple):
     checker: Optional[Callable[..., bool]]
     check: tuple
     ride: Optional[tuple]
-    """``(C kind, C op)`` if a call of at most ``check.RIDE_BYTES`` rides in the check's segment round."""
+    """``(C kind, C op)`` if a call of at most ``check.RIDE_BYTES`` rides in the check's segment round (such a
+    call is checked by ``check.in_segment``, whatever the row's checker)."""
 
 
 class Plan:
@@ -128,9 +131,11 @@ class Plan:
                 if nbytes <= row[0] and not self.any_size:
                     break
         ride = row[5]
+        if ride is not None and nbytes > _RIDE_BYTES:
+            ride = None
         call = _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
-                           self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype, row[3], row[4],
-                           ride if ride is not None and nbytes <= _RIDE_BYTES else None))
+                           self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype,
+                           row[3] if ride is None else _RIDES_IN, row[4], ride))
         if _profilers._is_profiler_enabled and _profiling():
             return torch_events.run(call, self.profile_name, outputs if inputs is None else inputs)
         return self.group.run(call)
@@ -145,9 +150,11 @@ class Plan:
                 if nbytes <= row[0]:
                     break
         ride = row[5]
+        if ride is not None and nbytes > _RIDE_BYTES:
+            ride = None
         return _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
-                           self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype, row[3], row[4],
-                           ride if ride is not None and nbytes <= _RIDE_BYTES else None))
+                           self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype,
+                           row[3] if ride is None else _RIDES_IN, row[4], ride))
 
 
 def plan_for(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
