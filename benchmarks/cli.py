@@ -27,7 +27,7 @@ from .options import UsageError
 #: Subcommand name -> module of this package; the first is the default.
 COMMANDS = {
     "collectives": "collectives_cli",
-    "compare": "compare",
+    "compare": "compare_cli",
     "tune": "tune",
     "compression": "compression",
     "zero": "zero_cli",

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Optional
 
-from . import launch, report
+from . import compare, launch, report
+from .compare import child_argv
 from .collectives import TORCH_DTYPES, SweepConfig, run_sweep, sweep_plan
 from .options import (BACKENDS, UsageError, choice, list_of, non_negative_int, positive_float, positive_int,
                       require, step_factor)
@@ -285,22 +286,6 @@ def _check_mpi4py_standin(cfg: SweepConfig, backends: tuple[str, ...]) -> None:
         raise UsageError(f"--dtype {cfg.dtype}: the mpi4py stand-in measures {', '.join(DTYPES)}")
 
 
-def child_argv(args: argparse.Namespace, cfg: SweepConfig, backend: str, nprocs: int, *,
-               outputs: dict[str, Optional[str]], progress: bool) -> list[str]:
-    """The ``collectives`` options of one world, from the checked plan (not the raw command line)."""
-    argv = ["collectives", "--backend", backend, "--nprocs", str(nprocs), "--ops", ",".join(cfg.collectives),
-            "--algorithms", ",".join(cfg.algorithms), "--sizes", ",".join(map(str, cfg.sizes)),
-            "--warmup", str(cfg.warmup), "--iters", str(cfg.iters), "--check", str(int(cfg.check)),
-            "--dtype", cfg.dtype, "--op", cfg.op, "--root", str(cfg.root), "--device", cfg.device,
-            "--threads", str(args.threads), "--timeout", repr(args.timeout)]
-    if cfg.in_place:
-        argv.append("--in-place")
-    for flag, path in outputs.items():
-        if path:
-            argv += [f"--{flag}", path]
-    return argv + ([] if progress else ["--no-progress"])
-
-
 def _metadata(args: argparse.Namespace, cfg: SweepConfig, dist: ModuleType, world_size: int) -> dict:
     import torch
 
@@ -381,18 +366,15 @@ def write_report(args: argparse.Namespace, cfg: SweepConfig, rows: list, meta: d
     if args.csv:
         report.write_csv(args.csv, rows, meta)
     if args.plot:
-        from .compare import plot
-        plot(report.rows_as_dicts(rows, meta), args.plot)
+        compare.plot(report.rows_as_dicts(rows, meta), args.plot)
 
 
 def run(args: argparse.Namespace) -> int:
     """The ``collectives`` subcommand."""
     checked = plan(args, args.compare)
     if checked.peers:
-        from . import compare
         return compare.run_peers(args, checked)
     if checked.side_by_side or args.compare:
-        from . import compare
         return compare.run_worlds(args, checked)
     cfg, dist, backend = checked.cfg, checked.dist, checked.backends[0]
 

@@ -1,5 +1,7 @@
 """Side-by-side runs: several backends (and world sizes) in one invocation, with ratios, and plots.
 
+The ``compare`` subcommand's options are ``compare_cli``'s.
+
 ``zerocomm-bench compare --backends gloo,mpi --nprocs 2,4 --algorithms native,ring,tree`` runs the
 collectives benchmark once per (backend, world size) — each a world of its own, started as
 ``zerocomm-bench collectives`` would start it, in a subprocess that writes its rows as JSON — and
@@ -24,59 +26,34 @@ from typing import Dict, List, Optional
 from tabulate import tabulate
 
 from . import report
-from .options import BACKENDS, choice, list_of, positive_int
+from .collectives import SweepConfig
 from .target import STANDIN_ENV
 from .units import format_size
-
-HELP = "several backends and world sizes side by side, with ratios (= collectives --compare)"
-
-DESCRIPTION = """\
-Runs the collective benchmark once per (backend, world size), each world on its own, one after
-another, and prints one table of every row with two ratios of busbw (above 1: faster):
-
-  vs native              over the same backend's own collective at the same size
-  vs <first> native      over the first backend's own collective (e.g. zerocomm's ring on MPI
-                         against gloo's all_reduce)
-
-then nccl-tests' closing lines for each world.  --json and --csv keep every world's rows with
-their backend and world size; --plot draws busbw against size, one panel per (collective, n).
-
-Example:
-  zerocomm-bench compare --backends gloo,mpi --nprocs 2,4 --ops all_reduce --algorithms native,ring
-
-'zerocomm-bench collectives --compare gloo,mpi' is the same.  To set zerocomm beside torch's own
-gloo and MPICH instead, use 'zerocomm-bench --peers'.
-"""
 
 #: CSV columns of a side-by-side run: the collectives' columns and the two ratios.
 CSV_FIELDS = (*report.CSV_FIELDS, "vs_native", "vs_baseline")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .collectives_cli import add_measure_arguments
-
-    parser.add_argument("--backends", dest="compare", default=["gloo", "mpi"],
-                        type=list_of(choice(BACKENDS, "backend"), "backend"), metavar="B[,B...]",
-                        help=f"backends ({', '.join(BACKENDS)}); the first is the baseline of the ratios "
-                             "(default: gloo,mpi)")
-    parser.add_argument("--nprocs", type=list_of(positive_int, "world size"), default=[2, 4], metavar="N[,N...]",
-                        help="world sizes (default: 2,4)")
-    parser.set_defaults(backend="gloo")
-    add_measure_arguments(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    from .collectives_cli import run as run_collectives
-
-    return run_collectives(args)
+def child_argv(args: argparse.Namespace, cfg: SweepConfig, backend: str, nprocs: int, *,
+               outputs: dict[str, Optional[str]], progress: bool) -> list[str]:
+    """The ``collectives`` options of one world, from the checked plan (not the raw command line)."""
+    argv = ["collectives", "--backend", backend, "--nprocs", str(nprocs), "--ops", ",".join(cfg.collectives),
+            "--algorithms", ",".join(cfg.algorithms), "--sizes", ",".join(map(str, cfg.sizes)),
+            "--warmup", str(cfg.warmup), "--iters", str(cfg.iters), "--check", str(int(cfg.check)),
+            "--dtype", cfg.dtype, "--op", cfg.op, "--root", str(cfg.root), "--device", cfg.device,
+            "--threads", str(args.threads), "--timeout", repr(args.timeout)]
+    if cfg.in_place:
+        argv.append("--in-place")
+    for flag, path in outputs.items():
+        if path:
+            argv += [f"--{flag}", path]
+    return argv + ([] if progress else ["--no-progress"])
 
 
 def run_one(args: argparse.Namespace, checked, backend: str, nprocs: int, *, cfg=None,
             target: str = "zerocomm") -> tuple[int, dict, List[dict]]:
     """(exit status, metadata, rows) of one world, run as ``zerocomm-bench collectives`` in a subprocess;
     ``cfg`` replaces the plan's sweep, ``target`` is the module measured (``target.STANDIN_ENV``)."""
-    from .collectives_cli import child_argv
-
     env = {key: value for key, value in os.environ.items() if key != STANDIN_ENV}
     if target != "zerocomm":
         env[STANDIN_ENV] = target

@@ -365,21 +365,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "zerocomm variant and write rank 0's Chrome trace into DIR")
 
 
-def main(argv=None) -> int:
-    """``python -m zerocomm.benchmarks.zero_bench``: the same as ``zerocomm-bench zero``."""
-    from .options import UsageError
-
-    parser = argparse.ArgumentParser(prog="zerocomm-bench zero", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except UsageError as exc:
-        parser.error(str(exc))
-        raise  # unreachable: error() exits
-
-
-def run(args: argparse.Namespace) -> int:
-    """The ``zero`` subcommand; raises ``options.UsageError`` for a bad combination, before any rank starts."""
+def checked(args: argparse.Namespace) -> LMShape:
+    """The options of ``zerocomm-bench zero``, checked (``options.UsageError`` for a bad combination, before any
+    rank starts) and completed; the model's shape."""
     from .options import UsageError, require
 
     if args.world_sizes_deprecated:
@@ -394,12 +382,17 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--interleave and --repeat must be at least 1, got {args.interleave} and {args.repeat}")
         if args.plot or args.trace:
             raise UsageError("--interleave measures step times only: --plot and --trace need the default mode")
-        return _main_interleaved(args, shape)
-    if args.pin_mmap_threshold:
+    elif args.pin_mmap_threshold:
         raise UsageError("--pin-mmap-threshold is for --interleave: the default mode always pins it (for the peak column)")
+    return shape
+
+
+def run(args: argparse.Namespace, shape: LMShape) -> int:
+    """The default mode of ``zerocomm-bench zero`` (``args`` as :func:`checked` left them): every variant in
+    freshly started ranks, one table."""
     rows = []
     for world in args.world_sizes:
-        chosen = _chosen(args)
+        chosen = chosen_variants(args)
         # With --repeat R the variants run round after round (interleaved, so that a stretch of load from
         # elsewhere hits every variant alike); a row reports the median over rounds of the step time.
         rounds: dict = {variant: [] for variant in chosen}
@@ -437,27 +430,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chosen(args) -> list:
+def chosen_variants(args) -> list:
+    """``(name, algorithm)`` of every variant ``--only`` keeps."""
     return [(name, algorithm) for name, algorithm in VARIANTS
             if not args.only or any(word in f"{name} {algorithm}" for word in args.only)]
-
-
-def _main_interleaved(args, shape) -> int:
-    from tabulate import tabulate
-
-    from . import zero_interleaved
-
-    rows = []
-    for world in args.world_sizes:
-        rows += zero_interleaved.measure(world, _chosen(args), args)
-    print(f"TinyLM {shape}, {args.precision} (zerocomm), Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
-          f"gloo, {os.cpu_count()} cores; {zero_interleaved.describe(args)}")
-    print(tabulate(rows, headers=zero_interleaved.HEADERS, tablefmt="github"))
-    if args.json:
-        import json
-        with open(args.json, "w") as handle:
-            json.dump([dict(zip(zero_interleaved.HEADERS, row)) for row in rows], handle, indent=1)
-    return 0
 
 
 def plot(rows: list, path: str) -> None:
@@ -480,7 +456,3 @@ def plot(rows: list, path: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

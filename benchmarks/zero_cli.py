@@ -37,9 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .zero_bench import run as run_zero
+    """The ``zero`` subcommand: the options checked before any rank starts, then the default mode or
+    ``--interleave``'s."""
+    from . import zero_bench, zero_interleaved
 
-    return run_zero(args)
+    shape = zero_bench.checked(args)
+    if args.interleave:
+        return zero_interleaved.main(args, shape)
+    return zero_bench.run(args, shape)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -35,7 +35,8 @@ import traceback
 import torch
 
 from .models import batch_for, loss_fn
-from .zero_bench import _model, _return_freed_memory, _torch_variant, _warm_up, fork_ranks, zero_variant
+from .zero_bench import (_model, _return_freed_memory, _torch_variant, _warm_up, chosen_variants, fork_ranks,
+                         zero_variant)
 
 
 def _build(name: str, algorithm, args, world: int, nvme_dir: str):
@@ -138,3 +139,19 @@ def describe(args) -> str:
             + ("mmap threshold pinned at 64 KiB, as in the default mode" if args.pin_mmap_threshold
                else "allocator left at its defaults"))
 
+
+def main(args, shape) -> int:
+    """``zerocomm-bench zero --interleave K`` (``args`` as ``zero_bench.checked`` left them): one table."""
+    from tabulate import tabulate
+
+    rows = []
+    for world in args.world_sizes:
+        rows += measure(world, chosen_variants(args), args)
+    print(f"TinyLM {shape}, {args.precision} (zerocomm), Adam, batch {args.batch} x {shape.seq_len} tokens per rank, "
+          f"gloo, {os.cpu_count()} cores; {describe(args)}")
+    print(tabulate(rows, headers=HEADERS, tablefmt="github"))
+    if args.json:
+        import json
+        with open(args.json, "w") as handle:
+            json.dump([dict(zip(HEADERS, row)) for row in rows], handle, indent=1)
+    return 0

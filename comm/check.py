@@ -48,7 +48,7 @@ from typing import Callable, Optional
 import torch
 
 from . import shm
-from .shm import DIGEST_MASK, digest, digest_twin  # noqa: F401  (the check's digest: in C beside its rounds)
+from .shm import digest  # the call digest: in C beside the rounds that compare it
 from .algorithms import ALGORITHM_NAMES, COLLECTIVES
 from .algorithms.hierarchical import all_reduce_hierarchical, host_communicator
 from .algorithms.tree import all_reduce_recursive_doubling

@@ -171,7 +171,7 @@ def test_every_subcommand_has_help(command, capsys):
 
 def test_zero_takes_lists_comma_separated_and_still_reads_the_old_world_sizes_flag(no_ranks, monkeypatch):
     seen = []
-    monkeypatch.setattr("zerocomm.benchmarks.zero_bench._main_interleaved", lambda args, shape: seen.append(args) or 0)
+    monkeypatch.setattr("zerocomm.benchmarks.zero_interleaved.main", lambda args, shape: seen.append(args) or 0)
     for argv in (["--nprocs", "2,4", "--only=ring,stage 3"], ["--nprocs=2,4", "--only", "ring,stage 3"],
                  ["--world-sizes", "2", "4", "--only", "ring,stage 3"], ["--world-sizes=2,4", "--only=ring,stage 3"]):
         assert zero_cli.main(["--small", "--interleave", "1", *argv]) == 0

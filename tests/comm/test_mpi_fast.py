@@ -278,8 +278,8 @@ def test_the_check_digest_is_the_same_in_every_process():
 
 
 def test_the_check_digest_in_c_is_its_python_twin():
-    """``check.digest`` (``_shmfast.digest`` where built) and ``check.digest_twin`` give the same bits, on the
-    edges of every argument's range (a per-rank count is -1; a cell code is any Python hash)."""
+    """``check.digest`` (``_shmfast.digest`` where built) and its Python twin ``shm.digest_twin`` give the same
+    bits, on the edges of every argument's range (a per-rank count is -1; a cell code is any Python hash)."""
     from zerocomm.comm import check, shm
     if shm._shmfast is None:
         pytest.skip("the C extension zerocomm.comm._shmfast is not built here: only the Python twin runs")
@@ -289,7 +289,7 @@ def test_the_check_digest_in_c_is_its_python_twin():
     cases = [(t, n, c) for t in (0, 1, 1048577, 2**40) for n in edges for c in edges]
     cases += [(rng.randrange(2**40), rng.randrange(-1, 2**40), rng.randrange(-(2**63), 2**63)) for _ in range(2000)]
     for case in cases:
-        assert check.digest(*case) == check.digest_twin(*case), case
+        assert check.digest(*case) == shm.digest_twin(*case), case
         assert 0 <= check.digest(*case) < 2**62, case
     assert len({check.digest(t, 4, 7) for t in range(10000)}) == 10000  # consecutive calls never collide here
 
