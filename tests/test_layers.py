@@ -1,10 +1,10 @@
 """The layering of docs/architecture.md, enforced by parsing imports.
 
 ops imports neither comm nor zero; zero and benchmarks use only the public ``zerocomm.comm`` (never its
-backends, algorithms or other internal modules); comm never imports zero or benchmarks; and inside ``comm/``
-no module imports, directly or through others, a module that imports it: every ``from . import x`` /
-``from .x import y`` arrow counts, at module level or inside a function alike (a late import is still an
-arrow), and a circle is a failure naming its members and their arrows.
+backends, algorithms or other internal modules); comm never imports zero or benchmarks; and inside ``comm/``,
+``ops/``, ``zero/`` and ``benchmarks/`` no module imports, directly or through others, a module that imports
+it: every ``from . import x`` / ``from .x import y`` arrow counts, at module level or inside a function alike
+(a late import is still an arrow), and a circle is a failure naming its members and their arrows.
 """
 import ast
 import os
@@ -66,19 +66,20 @@ def test_comm_imports_no_zero_or_benchmarks(path):
     assert not bad, f"{path}: {bad}"
 
 
-# -- no import circles inside comm/ ------------------------------------------------------------------
+# -- no import circles inside comm/, ops/, zero/ or benchmarks/ ----------------------------------------
 
 COMM = str(ROOT / "comm")
 
 
-def _comm_modules() -> dict:
-    """Dotted name below ``zerocomm.comm`` ("" for the package itself) -> source path."""
+def _comm_modules(top: str = COMM) -> dict:
+    """Dotted name below the package at ``top`` (``zerocomm.comm`` by default; "" for the package itself) ->
+    source path."""
     found = {}
-    for folder, _, files in os.walk(COMM):
+    for folder, _, files in os.walk(top):
         for name in files:
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
-                dotted = os.path.relpath(path, COMM)[:-3].replace(os.sep, ".")
+                dotted = os.path.relpath(path, top)[:-3].replace(os.sep, ".")
                 found[dotted[:-len("__init__")].rstrip(".") if dotted.endswith("__init__") else dotted] = path
     return found
 
@@ -143,6 +144,17 @@ def test_comm_has_no_import_circles():
     arrows = _comm_arrows(modules)
     arrows = {m: {a for a in targets if a in modules} for m, targets in arrows.items()}
     assert "group" in arrows["plan"] and "check" in arrows["group"], "the arrows were not read"
+    circles = _circles(arrows)
+    assert circles == [], [{m: sorted(a for a in arrows[m] if a in circle) for m in circle} for circle in circles]
+
+
+@pytest.mark.parametrize("package", ["ops", "zero", "benchmarks"])
+def test_the_other_packages_have_no_import_circles(package):
+    modules = _comm_modules(str(ROOT / package))
+    modules.pop("", None)
+    arrows = _comm_arrows(modules)
+    arrows = {m: {a for a in targets if a in modules} for m, targets in arrows.items()}
+    assert any(arrows.values()), f"no arrow read in {package}/"
     circles = _circles(arrows)
     assert circles == [], [{m: sorted(a for a in arrows[m] if a in circle) for m in circle} for circle in circles]
 
