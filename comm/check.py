@@ -67,8 +67,6 @@ _DTYPES = frozenset(SUPPORTED_DTYPES)
 Checker = Callable[..., bool]
 
 
-
-
 def fingerprint_cell(collective: str, op: Optional[str], dtype: torch.dtype, root: int, algorithm: str) -> tuple:
     """(collective, op, dtype, root, algorithm) as small ints: a call's fingerprint is ``(tag, numel, *cell)``."""
     dtype_id = SUPPORTED_DTYPES.index(dtype) if dtype in _DTYPES else -1
