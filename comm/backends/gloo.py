@@ -406,12 +406,22 @@ class GlooBackend(Backend):
         return GlooRequest(self.pg.scatter([output], inputs, opts), "gloo scatter", (output, inputs)), None
 
     def issue_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> tuple:
+        # [Note: gloo's reduce_scatter Work]  torch composes gloo's reduce_scatter as an all_reduce of a clone
+        # and a copy of this rank's chunk made inside ``wait()``: its Work never reports completion, and every
+        # ``wait`` copies the chunk again (torch 2.13), so a second wait put the SUM back over an AVG already
+        # divided.  Issued here as what it is: the all_reduce of a clone, with the copy in ``after``.
         if not output.nbytes:
             return None, None
-        opts = _C.ReduceScatterOptions()
-        opts.reduceOp = _TORCH_OPS["sum" if op == "avg" else op]
-        work = self.pg._reduce_scatter_base(output, input, opts)
-        return GlooRequest(work, "gloo reduce_scatter", (output, input)), self._avg_after(output, op)
+        whole = input.clone()
+        work = self.pg.allreduce([whole], self._all_reduce_options[op])
+        mine = whole.view(self.size, -1)[self.rank].view(output.shape)
+
+        def after() -> None:
+            output.copy_(mine)
+            if op == "avg":
+                finalize_(output, "avg", self.size)
+
+        return GlooRequest(work, "gloo reduce_scatter", (output, whole)), after
 
     def issue_all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> tuple:
         work = self.pg.alltoall_base(output, input, list(out_counts), list(in_counts), _C.AllToAllOptions())
@@ -421,14 +431,6 @@ class GlooBackend(Backend):
         return GlooRequest(self.pg.barrier(_C.BarrierOptions()), "gloo barrier"), None
 
     #: gloo's own asynchronous collectives, posted without waiting: gloo's one worker thread runs them in order.
-    #: Not this backend's ``ISSUE`` by default: with them issued directly, a ZeRO run under load once ended off an
-    #: uninterrupted one's parameters (the elastic-restart test, 1 of 4 full runs), as ZeRO-3 did before gloo ran
-    #: on one thread -- a race not found yet.  What is known: with a CPU-bound process beside it the test fails
-    #: about one run in three, always by the same 0.00956; the step-4 checkpoints of a failing and a passing run
-    #: are identical (the runs part after the resume); waiting for the post-step parameter all_gather after
-    #: every step hides it.  Until it is found, gloo's async calls go through the group's executor (a small
-    #: all_reduce that rides in its check is still done at issue); tests turn these on for a group.
-    ISSUABLE = {"all_reduce": issue_all_reduce, "broadcast": issue_broadcast, "reduce": issue_reduce,
+    ISSUE = {"all_reduce": issue_all_reduce, "broadcast": issue_broadcast, "reduce": issue_reduce,
              "all_gather": issue_all_gather, "gather": issue_gather, "scatter": issue_scatter,
              "reduce_scatter": issue_reduce_scatter, "all_to_all": issue_all_to_all, "barrier": issue_barrier}
-    ISSUE: dict = {}

@@ -27,7 +27,7 @@ def test_every_zero_stage_calls_at_most_a_tenth_more_python_than_ddp(tmp_path):
             peer = counts["DDP " + name.split()[-1]][0]
             assert calls > 0 and peer > 1000, (rank, name, calls, peer)
             assert calls <= step_calls.TARGET * peer, f"rank {rank}: {name}: {calls} calls, DDP {peer}"
-            # gloo's own async collectives go through the executor by default (GlooBackend.ISSUABLE is off), so
-            # the native rows may have an executor thread too: at most one per group
+            # gloo's own async collectives are issued directly, but one made while a call of its group is queued
+            # goes behind it through the executor (and the shm rows use it): at most one thread per group
             assert threads <= 1, f"rank {rank}: {name}: {threads} executor threads alive"
     assert "× DDP (same precision)" in done.stdout and "load average at the end" in done.stdout

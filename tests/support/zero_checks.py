@@ -409,3 +409,25 @@ def step_algorithm_cases() -> dict:
     seen["sent"] = counter.bytes_sent
     optimizer.remove_hooks()
     return seen
+
+
+def state_dict_after_step(stage: int) -> dict:
+    """Right after ``step()`` (its parameter all_gather still in flight), ``model.state_dict()`` and a submodule's
+    ``state_dict()`` wait for it: what they return equals the parameters after ``optimizer.synchronize()``."""
+    rank = dist.get_rank()
+    model = build_model("lm", 0, d_model=32, n_heads=2, n_layers=2)
+    config = ZeroConfig(stage=stage, reduce_bucket_numel=5_000, allgather_bucket_numel=5_000)
+    model, optimizer = initialize(model, adam, config)
+    out = {}
+    for label, take in (("root", lambda: model.state_dict()), ("submodule", lambda: model.tok.state_dict())):
+        x, y = batch_for(model, seed=0, rank=rank, step=len(out))
+        loss_fn(model, model(x), y).backward()
+        optimizer.step()
+        in_flight_before = optimizer.parameters._in_flight
+        taken = {name: t.clone() for name, t in take().items()}
+        in_flight_after = optimizer.parameters._in_flight
+        optimizer.synchronize()
+        current = take()
+        out[label] = (in_flight_before, in_flight_after, all(torch.equal(taken[k], current[k]) for k in current))
+    optimizer.remove_hooks()
+    return out

@@ -239,3 +239,13 @@ def test_one_host_steps_run_over_shared_memory_unless_told_otherwise(world):
         assert seen["meta device"] is None, where  # not a CPU tensor: no shared memory
         # The step's reduce_scatter and all_gather ran, and sent nothing over the backend: shared memory.
         assert seen["ran"] == ["all_gather", "reduce_scatter"] and seen["sent"] == 0, where
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("world", worlds(backends=("gloo",), sizes=(2,)), indirect=True)
+def test_state_dict_right_after_step_waits_for_the_parameter_gather(world, stage):
+    for rank, seen in enumerate(world.run(zero_checks.state_dict_after_step, stage)):
+        for label, (in_flight_before, in_flight_after, equal) in seen.items():
+            assert in_flight_before, f"rank {rank}, {label}: the step left no gather in flight (nothing tested)"
+            assert not in_flight_after, f"rank {rank}, {label}: state_dict() did not wait for the gather"
+            assert equal, f"rank {rank}, {label}: state_dict() differs from the parameters after synchronize()"

@@ -39,6 +39,9 @@ for step in range(optimizer.step_count, steps):
     optimizer.zero_grad()
     if optimizer.step_count % SAVE_EVERY == 0:
         optimizer.save(root)
+# The final model as a user saves it, straight after the last step: state_dict waits for the step's parameter
+# all_gather, still in flight here.
+final = model.state_dict()
 if rank == 0:
-    torch.save({name: p.detach().clone() for name, p in model.named_parameters()}, out)
+    torch.save(final, out)
 dist.destroy_process_group()
