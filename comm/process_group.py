@@ -35,7 +35,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as td
 
-from .backends import BACKENDS, backend_class
+from .backends import BACKENDS, STAND_INS, backend_class
 from .config import CommConfig
 from .errors import CommError, CommTimeoutError, InvalidArgumentError, PeerError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
@@ -147,7 +147,7 @@ def _rendezvous(init_method: str, rank: int, world_size: int, timeout: datetime.
 
 def _make_communicator(backend: str, init_method, timeout, world_size, rank, store):
     """The world's communicator of ``backend`` (one of ``backends.BACKENDS``)."""
-    if backend not in BACKENDS:
+    if backend not in BACKENDS and backend not in STAND_INS:
         raise InvalidArgumentError(f"init_process_group: backend must be one of {tuple(BACKENDS)}, got {backend!r}")
     cls = backend_class(backend)
     if backend == "mpi":

@@ -72,10 +72,8 @@ class NcclBackend(Backend):
 
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, device: torch.device):
         self.store, self.rank, self.size, self.timeout, self.device = store, rank, size, timeout, device
-        options = td.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        self.pg = td.ProcessGroupNCCL(td.PrefixStore("coll/", store), rank, size, options)
-        self.p2p_pg = td.ProcessGroupNCCL(td.PrefixStore("p2p/", store), rank, size, options)
+        self.pg = self._process_group(td.PrefixStore("coll/", store), rank, size, timeout)
+        self.p2p_pg = self._process_group(td.PrefixStore("p2p/", store), rank, size, timeout)
         self._agreement = torch.zeros(2, dtype=torch.int64, device=device)  # the mismatch check's buffer
         self._ops = {"sum": td.ReduceOp.SUM, "avg": td.ReduceOp.AVG, "product": td.ReduceOp.PRODUCT,
                      "min": td.ReduceOp.MIN, "max": td.ReduceOp.MAX}
@@ -86,6 +84,14 @@ class NcclBackend(Backend):
             self._all_reduce_options[name].reduceOp = op
             self._reduce_scatter_options[name] = td.ReduceScatterOptions()
             self._reduce_scatter_options[name].reduceOp = op
+
+    @staticmethod
+    def _process_group(store, rank: int, size: int, timeout: datetime.timedelta):
+        """The process group under this backend's methods: torch's ``ProcessGroupNCCL`` (:class:`NcclHostStandIn`
+        puts gloo's in its place)."""
+        options = td.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return td.ProcessGroupNCCL(store, rank, size, options)
 
     @classmethod
     def create(cls, init_method, timeout, world_size, rank, store) -> "NcclBackend":
@@ -118,8 +124,8 @@ class NcclBackend(Backend):
     def split(self, ranks: Sequence[int], key: str, deadline: Optional[float] = None) -> Optional["NcclBackend"]:
         if self.rank not in ranks:
             return None
-        return NcclBackend(td.PrefixStore(f"zerocomm/{key}/", self.store), list(ranks).index(self.rank),
-                             len(ranks), self.timeout, self.device)
+        return type(self)(td.PrefixStore(f"zerocomm/{key}/", self.store), list(ranks).index(self.rank),
+                          len(ranks), self.timeout, self.device)
 
     def close(self, abandon: bool = False) -> None:
         for pg in (self.pg, self.p2p_pg):
@@ -260,3 +266,33 @@ class NcclBackend(Backend):
 
     ISSUE = {"all_reduce": issue_all_reduce, "broadcast": issue_broadcast, "all_gather": issue_all_gather,
              "reduce_scatter": issue_reduce_scatter, "all_to_all": issue_all_to_all}
+
+
+class NcclHostStandIn(NcclBackend):
+    """:class:`NcclBackend`'s own methods over torch's ``ProcessGroupGloo`` and CPU tensors: the host path of an
+    NCCL call on a machine without a GPU, for counting it (``zerocomm-bench call-counts --backend nccl-standin``).
+
+    Only the process group under the methods is another (:meth:`_process_group`): gloo's takes the same calls
+    (``allreduce([t], options)``, ``_allgather_base``, ``_reduce_scatter_base``, ``broadcast``, ``send``/``recv``)
+    and returns a ``Work`` whose ``wait`` is one call, as NCCL's.  It is no backend to train with: gloo has no
+    AVG, ``barrier`` synchronizes a CUDA stream, and its waits block the host where NCCL's order a stream.
+    ``init_process_group("nccl-standin")`` makes one (``backends.STAND_INS``: no capability table lists it).
+
+    An NCCL group's ranks never meet in a host segment (they hold GPU memory), so this one declares that it has
+    none (``Attached.no_segment``): its calls are then planned and checked as an NCCL group's are -- the check
+    through :meth:`Backend.agree`, no call riding in a segment round -- though its tensors are in host memory.
+    """
+
+    device_type = "cpu"
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, device=None):
+        super().__init__(store, rank, size, timeout, torch.device("cpu"))
+        self.local.no_segment = True
+
+    @staticmethod
+    def _process_group(store, rank: int, size: int, timeout: datetime.timedelta):
+        options = td.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._threads = 1  # one collective after another, in the order given, as NCCL's stream runs them
+        options._devices = [td.ProcessGroupGloo.create_default_device()]
+        return td.ProcessGroupGloo(store, rank, size, options)
