@@ -52,18 +52,19 @@ def nccl_available() -> Optional[str]:
     return None
 
 
-class NcclRequest(Request):
-    def __init__(self, work, what: str, keep_alive=None):
-        self._work = work
-        self._what = what
-        self._keep = keep_alive
+class NcclRequest(tuple, Request):
+    """``NcclRequest((work, keep_alive))``: a torch NCCL ``Work`` as a :class:`Request`, with what must stay alive
+    until it completes (the byte view a send or receive was given), or ``None``.  A tuple, so that making one
+    runs no Python ``__init__``: it is made on every issued collective's path."""
+
+    __slots__ = ()
 
     def test(self) -> bool:
-        return self._work.is_completed()
+        return self[0].is_completed()
 
     def wait(self, timeout_s: Optional[float] = None) -> None:
         # Stream-ordered wait (see the module note); the group's timeout bounds it.
-        self._work.wait()
+        self[0].wait()
 
 
 class NcclBackend(Backend):
@@ -109,17 +110,17 @@ class NcclBackend(Backend):
     # -- point to point ---------------------------------------------------------------
     def isend(self, tensor, peer, tag) -> Request:
         buf = tensor.reshape(-1).view(torch.uint8)
-        return NcclRequest(self.pg.send([buf], peer, 0), f"send to rank {peer}", buf)
+        return NcclRequest((self.pg.send([buf], peer, 0), buf))
 
     def irecv(self, tensor, peer, tag) -> Request:
         buf = tensor.reshape(-1).view(torch.uint8)
-        return NcclRequest(self.pg.recv([buf], peer, 0), f"recv from rank {peer}", buf)
+        return NcclRequest((self.pg.recv([buf], peer, 0), buf))
 
     def user_isend(self, tensor, peer, tag) -> Request:
-        return NcclRequest(self.p2p_pg.send([tensor], peer, 0), f"send to rank {peer}", tensor)
+        return NcclRequest((self.p2p_pg.send([tensor], peer, 0), tensor))
 
     def user_irecv(self, tensor, peer, tag) -> Request:
-        return NcclRequest(self.p2p_pg.recv([tensor], peer, 0), f"recv from rank {peer}", tensor)
+        return NcclRequest((self.p2p_pg.recv([tensor], peer, 0), tensor))
 
     def split(self, ranks: Sequence[int], key: str, deadline: Optional[float] = None) -> Optional["NcclBackend"]:
         if self.rank not in ranks:
@@ -145,10 +146,7 @@ class NcclBackend(Backend):
     def native_table(cls) -> dict:
         return dict(NATIVE_TABLE)
 
-    # -- native collectives -----------------------------------------------------------
-    def _run(self, work, what: str) -> None:
-        NcclRequest(work, f"nccl {what}").wait()
-
+    # -- native collectives: each waits on its torch Work itself, stream-ordered (see the module note) --------
     @staticmethod
     def _movable(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
@@ -157,71 +155,73 @@ class NcclBackend(Backend):
         # [digest, -digest] reduced with MAX on this rank's GPU: equal ranks when the largest is the smallest.
         both = self._agreement
         both[0], both[1] = digest, -digest
-        self.all_reduce(both, "max", tag=0, deadline=deadline, segment_bytes=0)
+        self.pg.allreduce([both], self._all_reduce_options["max"]).wait()  # all_reduce's own call, without its frame
         highest, negated_lowest = both.tolist()
         return AGREE if highest == -negated_lowest else DISAGREE
 
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel() == 0:
+        if not tensor.nbytes:
             return
         if tensor.dtype is torch.bool:
             tensor = tensor.view(torch.uint8)
         self.pg.allreduce([tensor], self._all_reduce_options[op]).wait()  # stream-ordered (see the module note)
 
     def broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel() == 0:
+        if not tensor.nbytes:
             return
+        if tensor.dtype is torch.bool:
+            tensor = tensor.view(torch.uint8)
         opts = td.BroadcastOptions()
         opts.rootRank, opts.rootTensor = root, 0
-        self._run(self.pg.broadcast([self._movable(tensor)], opts), "broadcast")
+        self.pg.broadcast([tensor], opts).wait()
 
     def reduce(self, tensor, op, root, *, tag, deadline, segment_bytes) -> None:
-        if tensor.numel() == 0:
+        if not tensor.nbytes:
             return
         opts = td.ReduceOptions()
         opts.rootRank, opts.reduceOp = root, self._ops["sum" if op == "avg" else op]
         work_tensor = tensor if self.rank == root else tensor.clone()
-        self._run(self.pg.reduce([self._movable(work_tensor)], opts), "reduce")
+        self.pg.reduce([self._movable(work_tensor)], opts).wait()
         if self.rank == root and op == "avg":
             finalize_(tensor, "avg", self.size)
 
     def all_gather(self, output, input, *, tag, deadline, segment_bytes) -> None:
-        if input.numel() == 0:
+        if not input.nbytes:
             return
         if input.dtype is torch.bool:
             output, input = output.view(torch.uint8), input.view(torch.uint8)
         self.pg._allgather_base(output, input).wait()
 
     def gather(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
-        if input.numel() == 0:
+        if not input.nbytes:
             return
         opts = td.GatherOptions()
         opts.rootRank = root
         outputs = [list(self._movable(output).chunk(self.size))] if self.rank == root else []
-        self._run(self.pg.gather(outputs, [self._movable(input)], opts), "gather")
+        self.pg.gather(outputs, [self._movable(input)], opts).wait()
 
     def scatter(self, output, input, root, *, tag, deadline, segment_bytes) -> None:
-        if output.numel() == 0:
+        if not output.nbytes:
             return
         opts = td.ScatterOptions()
         opts.rootRank = root
         inputs = [list(self._movable(input).chunk(self.size))] if self.rank == root else []
-        self._run(self.pg.scatter([self._movable(output)], inputs, opts), "scatter")
+        self.pg.scatter([self._movable(output)], inputs, opts).wait()
 
     def reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
-        if output.numel() == 0:
+        if not output.nbytes:
             return
         if input.dtype is torch.bool:
             output, input = output.view(torch.uint8), input.view(torch.uint8)
         self.pg._reduce_scatter_base(output, input, self._reduce_scatter_options[op]).wait()
 
     def all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> None:
-        self._run(self.pg.alltoall_base(self._movable(output), self._movable(input), list(out_counts),
-                                        list(in_counts), td.AllToAllOptions()), "alltoall")
+        self.pg.alltoall_base(self._movable(output), self._movable(input), list(out_counts), list(in_counts),
+                              td.AllToAllOptions()).wait()
 
     def barrier(self, *, tag, deadline, segment_bytes) -> None:
         one = torch.ones(1, device=self.device)
-        self._run(self.pg.allreduce([one], td.AllreduceOptions()), "barrier")
+        self.pg.allreduce([one], td.AllreduceOptions()).wait()
         torch.cuda.current_stream(self.device).synchronize()
 
     NATIVE = {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce, "all_gather": all_gather,
@@ -231,38 +231,40 @@ class NcclBackend(Backend):
     # -- the same, posted without waiting (``Backend.ISSUE``): NCCL is asynchronous by itself; the Work's
     # wait orders the caller's current stream after it (see the module note) ------------------------------
     def issue_all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> tuple:
-        if tensor.numel() == 0:
+        if not tensor.nbytes:
             return None, None
         if tensor.dtype is torch.bool:
             tensor = tensor.view(torch.uint8)
-        return NcclRequest(self.pg.allreduce([tensor], self._all_reduce_options[op]), "nccl allreduce"), None
+        return NcclRequest((self.pg.allreduce([tensor], self._all_reduce_options[op]), None)), None
 
     def issue_broadcast(self, tensor, root, *, tag, deadline, segment_bytes) -> tuple:
-        if tensor.numel() == 0:
+        if not tensor.nbytes:
             return None, None
+        if tensor.dtype is torch.bool:
+            tensor = tensor.view(torch.uint8)
         opts = td.BroadcastOptions()
         opts.rootRank, opts.rootTensor = root, 0
-        return NcclRequest(self.pg.broadcast([self._movable(tensor)], opts), "nccl broadcast"), None
+        return NcclRequest((self.pg.broadcast([tensor], opts), None)), None
 
     def issue_all_gather(self, output, input, *, tag, deadline, segment_bytes) -> tuple:
-        if input.numel() == 0:
+        if not input.nbytes:
             return None, None
         if input.dtype is torch.bool:
             output, input = output.view(torch.uint8), input.view(torch.uint8)
-        return NcclRequest(self.pg._allgather_base(output, input), "nccl allgather"), None
+        return NcclRequest((self.pg._allgather_base(output, input), None)), None
 
     def issue_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> tuple:
-        if output.numel() == 0:
+        if not output.nbytes:
             return None, None
         if input.dtype is torch.bool:
             output, input = output.view(torch.uint8), input.view(torch.uint8)
         work = self.pg._reduce_scatter_base(output, input, self._reduce_scatter_options[op])
-        return NcclRequest(work, "nccl reduce_scatter"), None
+        return NcclRequest((work, None)), None
 
     def issue_all_to_all(self, output, input, out_counts, in_counts, *, tag, deadline, segment_bytes) -> tuple:
         work = self.pg.alltoall_base(self._movable(output), self._movable(input), list(out_counts),
                                      list(in_counts), td.AllToAllOptions())
-        return NcclRequest(work, "nccl alltoall"), None
+        return NcclRequest((work, None)), None
 
     ISSUE = {"all_reduce": issue_all_reduce, "broadcast": issue_broadcast, "all_gather": issue_all_gather,
              "reduce_scatter": issue_reduce_scatter, "all_to_all": issue_all_to_all}
