@@ -77,6 +77,9 @@ class Call(NamedTuple):
     """``(hash of the cell, cell)``: what the checker compares besides the tag and ``numel``."""
     ride: Optional[tuple] = None
     """``(C kind, C op)`` when the call's all_reduce rides in its check's segment round (``check.in_segment``)."""
+    issue: Optional[Callable[..., tuple]] = None
+    """The backend's asynchronous form of ``function`` (``Backend.ISSUE``), or ``None``: an ``async_op`` call
+    issued while nothing of its group is queued is posted with it directly (``Group.run``)."""
 
 
 class Row(NamedTuple):
@@ -90,6 +93,8 @@ class Row(NamedTuple):
     ride: Optional[tuple]
     """``(C kind, C op)`` if a call of at most ``check.RIDE_BYTES`` rides in the check's segment round (such a
     call is checked by ``check.in_segment``, whatever the row's checker)."""
+    issue: Optional[Callable[..., tuple]] = None
+    """``Backend.ISSUE``'s form of ``function`` (a native collective the backend runs asynchronously by itself)."""
 
 
 class Plan:
@@ -135,7 +140,7 @@ class Plan:
             ride = None
         call = _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
                            self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype,
-                           row[3] if ride is None else _RIDES_IN, row[4], ride))
+                           row[3] if ride is None else _RIDES_IN, row[4], ride, row[6]))
         if _profilers._is_profiler_enabled and _profiling():
             return torch_events.run(call, self.profile_name, outputs if inputs is None else inputs)
         return self.group.run(call)
@@ -154,7 +159,7 @@ class Plan:
             ride = None
         return _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
                            self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype,
-                           row[3] if ride is None else _RIDES_IN, row[4], ride))
+                           row[3] if ride is None else _RIDES_IN, row[4], ride, row[6]))
 
 
 def plan_for(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
@@ -223,7 +228,8 @@ def _rows(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], 
                 and group.on_cpu and dtype in FAST_KINDS and op in FAST_OPS \
                 and (algorithm in _SAME_BITS or (group.size() == 2 and algorithm in _SAME_BITS_AT_TWO)):
             ride = (FAST_KINDS[dtype], FAST_OPS[op])
-        rows.append(Row(most_bytes, algorithm, function, checker, (hash(cell), cell), ride))
+        rows.append(Row(most_bytes, algorithm, function, checker, (hash(cell), cell), ride,
+                        group.issuers.get(function)))
     if select.log.isEnabledFor(10):  # once per cell: its plan
         select.log.debug("%s on %s group of %d, %s %s: %s (%s)", collective, group.backend, group.size(), dtype, op,
                          ", ".join(f"{'any size' if most >= select.UNBOUNDED else f'up to {most} B'} -> {algorithm}"

@@ -65,6 +65,11 @@ class Request(abc.ABC):
     seconds pass first (``None``: no limit) or :class:`PeerFailure` when the peer failed.
     """
 
+    STREAM_ORDERED: ClassVar[bool] = False
+    """True where ``wait()`` only orders the caller's device stream after the operation and is bounded by the
+    backend's own watchdog, not by ``timeout_s`` (NCCL): an issued call's ``Work`` then waits on it directly,
+    with no deadline arithmetic of its own."""
+
     @abc.abstractmethod
     def test(self) -> bool:
         """True once the operation has completed (drives progress where the backend needs it)."""
@@ -137,9 +142,9 @@ class Transport(abc.ABC):
         one call (MPI's C hot loop)."""
         incoming = self.irecv(recv, peer, tag)
         outgoing = self.isend(send, peer, tag)
-        # The receive first: a peer that died ends a receive from it (its connection closes), but gloo can
-        # leave a send to it waiting until the deadline (seen in the kill sweep: a survivor's send to a killed
-        # rank waited 30 s); once the receive is done, the peer is alive and took this rank's bytes too.
+        # The receive first: once it is done, the peer was alive and sending.  (A peer that dies ends the
+        # operations queued for it when its connection closes; gloo leaves one already under way, a send or a
+        # receive, waiting until that peer's process is seen to exit: [Note: waits on the dead], gloo_exits.py.)
         incoming.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         outgoing.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 

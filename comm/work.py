@@ -134,6 +134,8 @@ class IssuedWork(Work):
         self._error: Optional[BaseException] = None
         self._future: Optional[concurrent.futures.Future] = None  # made by _watch, for callbacks
         self._torch_future: Optional[torch.futures.Future] = None
+        #: A stream-ordered request (NCCL) with nothing to run after it: ``wait`` is the request's own wait.
+        self._direct = request is not None and request.STREAM_ORDERED and after is None and not call.copy_out
         if request is None and (after is not None or call.copy_out):
             self._finish()
 
@@ -184,7 +186,7 @@ class IssuedWork(Work):
         else:
             failure = None
         try:
-            self._once.pop()
+            del self._once[0]  # atomic, and not a call: the one settling thread takes it
         except IndexError:  # settled already, or being settled by another thread
             while not self._done:
                 time.sleep(0)
@@ -199,6 +201,13 @@ class IssuedWork(Work):
 
     def wait(self, timeout=None) -> bool:
         """Block until done; raise the operation's error, or ``CommTimeoutError`` after ``timeout``."""
+        if self._direct and timeout is None and self._future is None:
+            # The request's wait orders the caller's stream after the collective, done or not, and no clock of
+            # ours bounds it (Request.STREAM_ORDERED): nothing is left to settle.  (With a future callback the
+            # group's executor settles it, below.)
+            self._request.wait()
+            self._done = True
+            return True
         seconds = None if timeout is None else timeout_seconds(timeout, "Work.wait: timeout")  # refused even if done
         if self._error is None and self._request is not None:
             # Even when done: NCCL's wait orders the caller's current stream after the collective.

@@ -58,6 +58,7 @@ class NcclRequest(tuple, Request):
     runs no Python ``__init__``: it is made on every issued collective's path."""
 
     __slots__ = ()
+    STREAM_ORDERED = True
 
     def test(self) -> bool:
         return self[0].is_completed()
