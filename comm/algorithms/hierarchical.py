@@ -346,8 +346,7 @@ def _post_exchanges(t: Transport, lay: _Layout, region: torch.Tensor, pieces, ta
 def _finish_exchanges(intra: Optional[Transport], lay: _Layout, region: torch.Tensor, exchanges: list, op: str,
                       kw: dict) -> None:
     for piece, incoming, recv, send in exchanges:
-        # The receive first: a dead peer ends it, while a send to it may wait (see Transport.exchange); both
-        # are done before the piece changes.
+        # The receive first (see Transport.exchange); both are done before the piece changes.
         recv.wait(remaining(kw["deadline"]))
         send.wait(remaining(kw["deadline"]))
         KERNELS[op](piece, incoming)

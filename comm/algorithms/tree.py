@@ -292,8 +292,7 @@ def all_reduce_recursive_doubling(
                 recvs = recv_segmented(t, incoming, peer, tag, seg)
                 sends = send_segmented(t, buf, peer, tag, seg)
                 for k, (lo, hi) in enumerate(segments(0, buf.numel(), seg)):
-                    # The receive first: a dead peer ends it, while gloo may leave a send to it waiting
-                    # (see Transport.exchange); both are done before buf[lo:hi] changes.
+                    # The receive first (see Transport.exchange); both are done before buf[lo:hi] changes.
                     recvs[k].wait(remaining(deadline))
                     sends[k].wait(remaining(deadline))
                     combine(buf[lo:hi], incoming[lo:hi])

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import os
-import select
 import time
 from typing import List, Optional, Sequence
 
@@ -24,6 +22,7 @@ from ...ops.reduce import finalize_
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request, members_arrive
+from .gloo_exits import PeerExit, release as release_exit, watch as watch_exit
 
 _C = torch._C._distributed_c10d
 
@@ -67,34 +66,41 @@ class GlooRequest(Request):
     timed out; one that fails earlier was ended by the transport (a closed connection).
     """
 
-    __slots__ = ("_work", "_what", "_keep", "_peer", "_transport")
+    __slots__ = ("_work", "_what", "_keep", "_peer", "_exit")
 
-    def __init__(self, work, what: str, keep_alive=None, peer: Optional[int] = None, transport=None):
+    def __init__(self, work, what: str, keep_alive=None, peer: Optional[int] = None,
+                 peer_exit: Optional[PeerExit] = None):
         self._work = work
         self._what = what
         self._keep = keep_alive  # tensors gloo reads or writes until completion
         self._peer = peer
-        self._transport = transport  # a send's communicator: its peer's liveness is checked before waiting
+        self._exit = peer_exit  # the peer's process, where it runs on this machine: its exit ends the wait
 
     def test(self) -> bool:
         return self._work.is_completed()
 
     def wait(self, timeout_s: Optional[float] = None) -> None:
-        # [Note: sends to the dead]  gloo ends a receive from a peer that died (its connection closes), but a
-        # send to it can wait until the deadline (the kill sweep: a survivor whose receive from the victim had
-        # completed waited 30 s in its send).  A wait cannot be interrupted (gloo's own timeout breaks the whole
-        # communicator), so a send checks first whether its peer's process has ended (same machine: a pidfd).
-        if self._transport is not None and self._transport.peer_exited(self._peer):
-            what = self._what if isinstance(self._what, str) else self._what[0].format(*self._what[1:])
-            raise PeerFailure(f"{what}: rank {self._peer}'s process has exited", self._peer)
-        _wait(self._work, self._what, timeout_s, self._peer)
+        peer_exit = self._exit
+        if peer_exit is None:
+            _wait(self._work, self._what, timeout_s, self._peer)
+            return
+        # [Note: waits on the dead] (gloo_exits.py)  gloo leaves a transfer it had begun with a peer that died
+        # waiting until the deadline: the wait is registered with the peer's process, whose exit aborts it.
+        work, waiting = self._work, peer_exit.waiting
+        waiting[id(work)] = work
+        try:
+            if peer_exit.exited or _wait(work, self._what, timeout_s, self._peer) is False:
+                _after_exit(work, self._what, timeout_s, self._peer)
+        finally:
+            waiting.pop(id(work), None)
 
     def source(self) -> int:
         """The sender's rank (receives from any source)."""
         return self._work._source_rank()
 
 
-def _posted(post, buffers: list, *args, what, peer: Optional[int] = None, transport=None) -> GlooRequest:
+def _posted(post, buffers: list, *args, what, peer: Optional[int] = None,
+            peer_exit: Optional[PeerExit] = None) -> GlooRequest:
     """``post(buffers, *args)`` (a ``ProcessGroupGloo`` send/recv) as a request.  gloo raises while posting
     on a pair that failed since the last call (a peer that died): the peer's failure, as in :func:`_wait`."""
     try:
@@ -102,25 +108,25 @@ def _posted(post, buffers: list, *args, what, peer: Optional[int] = None, transp
     except RuntimeError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise PeerFailure(f"{what[0].format(*what[1:])}: {first_line}", peer) from None
-    return GlooRequest(work, what, buffers[0], peer, transport)
+    return GlooRequest(work, what, buffers[0], peer, peer_exit)
 
 
-def _wait(work, what, timeout_s: Optional[float], peer: Optional[int] = None) -> None:
+def _wait(work, what, timeout_s: Optional[float], peer: Optional[int] = None) -> bool:
     """Wait for a gloo ``Work`` at most ``timeout_s`` seconds (``None``: gloo's own bound); ``what`` is a string or
-    a ``(format, *args)`` tuple formatted only on failure."""
-    _wait_until(work, what, None if timeout_s is None else _monotonic() + timeout_s, peer)
+    a ``(format, *args)`` tuple formatted only on failure.  False: the wait was aborted (``gloo_exits.abort``)."""
+    return _wait_until(work, what, None if timeout_s is None else _monotonic() + timeout_s, peer)
 
 
-def _wait_until(work, what, deadline: Optional[float], peer: Optional[int] = None) -> None:
+def _wait_until(work, what, deadline: Optional[float], peer: Optional[int] = None) -> bool:
     """:func:`_wait` by a ``deadline`` (``time.monotonic()`` seconds): a collective's wait, one clock read."""
     try:
         if deadline is None:
-            work.wait()
+            return work.wait()
         else:
             # gloo counts whole milliseconds: round up, so its timeout never comes before ours.  torch treats
             # a zero timedelta as "no timeout": never pass it.  (Arithmetic, not math.ceil: this runs per call.)
             milliseconds = (deadline - _monotonic()) * 1000.0
-            work.wait(_timedelta(milliseconds=int(milliseconds) + 1 if milliseconds > 0.0 else 1))
+            return work.wait(_timedelta(milliseconds=int(milliseconds) + 1 if milliseconds > 0.0 else 1))
     except RuntimeError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         what = what if isinstance(what, str) else what[0].format(*what[1:])
@@ -129,12 +135,29 @@ def _wait_until(work, what, deadline: Optional[float], peer: Optional[int] = Non
         raise PeerFailure(f"{what}: {first_line}", peer) from None
 
 
-def _process_running(pid: int) -> bool:
+#: How long a wait on a peer whose process has exited still waits for its transfer (see :func:`_after_exit`).
+_AFTER_EXIT_S = 0.25
+
+
+def _after_exit(work, what, timeout_s: Optional[float], peer: int) -> None:
+    """The wait on ``work`` with ``peer``, whose process has exited (its wait was aborted, or it began after the
+    exit): a transfer already complete returns at once (an abort hides completion: the aborted wait answers
+    False whatever happened, and gloo's works say nothing of completion outside ``wait``); one that never will
+    complete raises :class:`PeerFailure` within ``_AFTER_EXIT_S``.  That short wait's timeout closes every pair of
+    the communicator, which is failing anyway: its other ranks then see this one go and fail sooner."""
+    seconds = _AFTER_EXIT_S if timeout_s is None else min(timeout_s, _AFTER_EXIT_S)
+    start = _monotonic()
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")  # not a zombie, not dead
-    except (OSError, IndexError):
-        return False
+        if work.wait(_timedelta(milliseconds=max(1, int(seconds * 1000.0)))):
+            return
+        reason = "its wait was aborted"
+    except RuntimeError as error:
+        if _monotonic() + _CLOCK_SLACK_S >= start + seconds:
+            reason = "the transfer under way with it was cut off"
+        else:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    what = what if isinstance(what, str) else what[0].format(*what[1:])
+    raise PeerFailure(f"{what}: rank {peer}'s process has exited ({reason})", peer) from None
 
 
 _monotonic = time.monotonic
@@ -174,7 +197,7 @@ class GlooBackend(Backend):
         options._threads = 1
         options._devices = [td.ProcessGroupGloo.create_default_device()]
         self.pg = td.ProcessGroupGloo(store, rank, size, options)
-        self._pidfds: dict = {}  # rank -> a pidfd of its process (see peer_exited), closed with the backend
+        self._exits: Optional[tuple] = None  # rank -> its process's PeerExit (see _exit_of), released with the backend
         self._stage = torch.zeros(_STAGE, dtype=torch.float64)  # the mismatch check's stage (see ``agree``)
         self._stage_words = self._stage.numpy()
         self._stage_options = _C.AllreduceOptions()
@@ -186,45 +209,38 @@ class GlooBackend(Backend):
             options.reduceOp = _TORCH_OPS[op]
         self._all_reduce_options["avg"] = self._all_reduce_options["sum"]
 
-    def peer_exited(self, rank: int) -> bool:
-        """Whether ``rank``'s process is known to have ended: it ran on this machine, in this pid namespace
-        (``peer_pids``), and has exited (a zombie counts).  Other ranks are never "known" here: their connection
-        tells.  One ``poll`` of a pidfd, opened on first use (about a microsecond)."""
+    def _exit_of(self, rank: int) -> Optional[PeerExit]:
+        """The watched exit of ``rank``'s process (``gloo_exits``), where it runs on this machine, in this pid
+        namespace (``peer_pids``, learnt with the hosts); else None: its connection tells."""
         pids = self.peer_pids
-        if pids is None or not pids[rank]:
-            return False
-        handle = self._pidfds.get(rank)
-        if handle is None:
-            try:
-                handle = self._pidfds[rank] = os.pidfd_open(pids[rank])
-            except ProcessLookupError:
-                return True
-            except (OSError, AttributeError):  # no pidfds (an old kernel or Python): read /proc each time
-                handle = self._pidfds[rank] = -1
-        if handle < 0:
-            return not _process_running(pids[rank])
-        return bool(select.select([handle], [], [], 0)[0])  # a pidfd is readable once its process has exited
+        if pids is None or self.pg is None:
+            return None
+        if self._exits is None:
+            self._exits = tuple(watch_exit(pid) if pid and r != self.rank else None for r, pid in enumerate(pids))
+        return self._exits[rank]
 
     # -- point to point ---------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _bytes(tensor)
         return _posted(self.pg.send, [buf], peer, tag, what=("send to rank {} (tag {})", peer, tag), peer=peer,
-                       transport=self)
+                       peer_exit=self._exits[peer] if self._exits is not None else self._exit_of(peer))
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _bytes(tensor)
-        return _posted(self.pg.recv, [buf], peer, tag, what=("recv from rank {} (tag {})", peer, tag), peer=peer)
+        return _posted(self.pg.recv, [buf], peer, tag, what=("recv from rank {} (tag {})", peer, tag), peer=peer,
+                       peer_exit=self._exits[peer] if self._exits is not None else self._exit_of(peer))
 
     # The user's send/recv hand gloo the tensor in its own shape and dtype (gloo moves its bytes all the
     # same): torch's profiler then records gloo's own "gloo:send"/"gloo:recv" event with the user's shape.
     def user_isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _as_sent(tensor)
         return _posted(self.pg.send, [buf], peer, tag, what=("send to rank {} (tag {})", peer, tag), peer=peer,
-                       transport=self)
+                       peer_exit=self._exits[peer] if self._exits is not None else self._exit_of(peer))
 
     def user_irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:
         buf = _as_sent(tensor)
-        return _posted(self.pg.recv, [buf], peer, tag, what=("recv from rank {} (tag {})", peer, tag), peer=peer)
+        return _posted(self.pg.recv, [buf], peer, tag, what=("recv from rank {} (tag {})", peer, tag), peer=peer,
+                       peer_exit=self._exits[peer] if self._exits is not None else self._exit_of(peer))
 
     def irecv_any(self, tensor: torch.Tensor, tag: int) -> Request:
         buf = _as_sent(tensor)
@@ -241,10 +257,10 @@ class GlooBackend(Backend):
     def close(self, abandon: bool = False) -> None:
         release_shared_memory(self)
         release_sub_communicators(self, abandon)
-        for handle in self._pidfds.values():
-            if handle >= 0:
-                os.close(handle)
-        self._pidfds.clear()
+        exits, self._exits = self._exits, None
+        for peer_exit in exits or ():
+            if peer_exit is not None:
+                release_exit(peer_exit)
         pg, self.pg = self.pg, None
         if abandon and pg is not None:
             # ProcessGroupGloo's destructor waits for its connections to drain, and a peer whose link went
