@@ -18,7 +18,9 @@ over every rank's tokens: the measure of the two runs' difference (one training 
 more than that difference from step to step);
 ``loss@8`` / ``loss@N``: the training batch's loss averaged over ranks at step 8 and at the last step;
 ``CPU ms/step``: processor time of every rank's process (all its threads) per timed step, summed over ranks:
-with R ranks sharing C cores, a step cannot take less than this / C.
+with R ranks sharing C cores, a step cannot take less than this / C;
+``faults/step``: minor page faults per timed step, summed over ranks (memory the kernel hands out again: each
+costs processor time in the kernel, counted in ``CPU ms/step``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import cProfile
 import datetime
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -92,7 +95,7 @@ def rank_main(job_env: str) -> int:
             model = TinyLM(shape)
             config = ZeroConfig(stage=3, **(zeropp if variant != VARIANTS[0] else {}))
             model, optimizer = initialize(model, lambda params: torch.optim.Adam(params, lr=job["lr"]), config)
-            times, cpu, losses, evals = [], [], [], []
+            times, cpu, faults, losses, evals = [], [], [], [], []
             tx_before, tx_eval = None, 0
             profiler = None
             dist.barrier(algorithm="native")
@@ -104,6 +107,7 @@ def rank_main(job_env: str) -> int:
                         profiler = cProfile.Profile()
                         profiler.enable()
                 start, cpu_start = time.perf_counter(), time.process_time()
+                faults_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 loss = loss_fn(model, model(x), y)
                 loss.backward()
                 optimizer.step()
@@ -112,6 +116,7 @@ def rank_main(job_env: str) -> int:
                     optimizer.synchronize()
                 times.append(time.perf_counter() - start)
                 cpu.append(time.process_time() - cpu_start)
+                faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_start)
                 losses.append(loss.item())
                 if step in evaluate_after:  # not timed; its link bytes are left out of the count
                     tx_start = _link_tx_bytes() if tx_before is not None else 0
@@ -126,7 +131,8 @@ def rank_main(job_env: str) -> int:
             dist.all_reduce(slowest, dist.ReduceOp.MAX, algorithm="native")
             mean_loss = torch.tensor(losses, dtype=torch.float64)
             dist.all_reduce(mean_loss, dist.ReduceOp.AVG, algorithm="native")
-            cpu_total = torch.tensor([sum(cpu[1:]) / max(steps - 1, 1)], dtype=torch.float64)
+            cpu_total = torch.tensor([sum(cpu[1:]) / max(steps - 1, 1), sum(faults[1:]) / max(steps - 1, 1)],
+                                     dtype=torch.float64)
             dist.all_reduce(cpu_total, dist.ReduceOp.SUM, algorithm="native")
             every_tx = [None] * n
             dist.all_gather_object(every_tx, tx)
@@ -134,7 +140,7 @@ def rank_main(job_env: str) -> int:
             rows.append({"variant": variant, "step_s": statistics.median(slowest.tolist()[1:]),
                          "link_bytes_per_step": link / (steps - 1), "losses": mean_loss.tolist(),
                          "eval_losses": evals,
-                         "cpu_s": cpu_total.item(),
+                         "cpu_s": cpu_total[0].item(), "page_faults": cpu_total[1].item(),
                          "state_bytes": optimizer.model_state_bytes()})
             optimizer.remove_hooks()
             del model, optimizer
@@ -186,7 +192,7 @@ def format_table(result: dict) -> str:
              f"{' '.join(f'{x:.2f}' for x in result['load_after'])} (after)",
              f"# {'variant':>16} {'step ms':>9} {'speedup':>8} {'link MiB/step':>14} {'vs plain':>9} "
              f"{f'eval@{min(8, steps)}':>8} {f'eval@{steps}':>9} "
-             f"{f'loss@{min(8, steps)}':>8} {f'loss@{steps}':>9} {'CPU ms/step':>12}"]
+             f"{f'loss@{min(8, steps)}':>8} {f'loss@{steps}':>9} {'CPU ms/step':>12} {'faults/step':>12}"]
     base = result["rows"][0]
     for row in result["rows"]:
         at8 = row["losses"][min(8, steps) - 1]
@@ -195,7 +201,8 @@ def format_table(result: dict) -> str:
                      f"{row['link_bytes_per_step'] / 2**20:>14.1f} "
                      f"{base['link_bytes_per_step'] / max(row['link_bytes_per_step'], 1):>8.2f}x "
                      f"{evals[0]:>8.4f} {evals[-1]:>9.4f} "
-                     f"{at8:>8.4f} {row['losses'][-1]:>9.4f} {row['cpu_s'] * 1e3 if 'cpu_s' in row else float('nan'):>12.0f}")
+                     f"{at8:>8.4f} {row['losses'][-1]:>9.4f} {row['cpu_s'] * 1e3 if 'cpu_s' in row else float('nan'):>12.0f} "
+                     f"{row.get('page_faults', float('nan')):>12.0f}")
     plain_eval, pp_eval = result["rows"][0].get("eval_losses"), result["rows"][-1].get("eval_losses")
     if plain_eval and pp_eval:
         lines.append(f"# held-out loss difference (ZeRO++ vs plain, relative): after step {min(8, steps)} "

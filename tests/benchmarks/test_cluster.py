@@ -57,16 +57,18 @@ def test_zero_table_states_speedup_link_bytes_and_losses():
     assert "1 Gbit/s" in table and "qgZ int4" in table and "1.00 2.00 3.00" in table
     assert "2.00x" in table and "64.0" in table and "8.0" in table and "8.00x" in table
     assert "step 8 1.00%" in table and "step 10 1.00%" in table and "mean of" not in table
-    assert "CPU ms/step" in table and table.count(" nan") == 6  # rows written before the columns
+    assert "CPU ms/step" in table and "faults/step" in table
+    assert table.count(" nan") == 8  # rows written before the columns
     assert "held-out" not in table
     result["rows"][0]["eval_losses"], result["rows"][1]["eval_losses"] = [4.0, 2.0], [4.04, 2.03]
     table = zeropp_bench.format_table(result)
     assert "after step 8 1.00%" in table and "after step 10 1.50%" in table and "4.0400" in table
     result["rows"][0]["cpu_s"], result["rows"][1]["cpu_s"] = 1.25, 0.75
+    result["rows"][0]["page_faults"], result["rows"][1]["page_faults"] = 34086.0, 15403.0
     for row, scale in zip(result["rows"], (1.0, 1.02)):
         row["losses"] = [x * scale for x in losses + losses]
     table = zeropp_bench.format_table({**result, "steps": 20})
-    assert "1250" in table and "750" in table and "step 20 2.00%" in table and "mean of steps 11-20 2.00%" in table
+    assert "1250" in table and "750" in table and "34086" in table and "15403" in table and "step 20 2.00%" in table and "mean of steps 11-20 2.00%" in table
     assert zeropp_bench._link_tx_bytes("lo") >= 0 and zeropp_bench._link_tx_bytes("no-such-interface") == 0
 
 
