@@ -48,7 +48,8 @@ def _model(layers: int, width: int):
 
 def _executor_threads() -> int:
     import threading
-    return sum(1 for t in threading.enumerate() if t.name.startswith("zerocomm-"))
+    # Groups' executors only (``zerocomm-<group>``), not the process's watch of peer exits (gloo_exits.py).
+    return sum(1 for t in threading.enumerate() if t.name.startswith("zerocomm-") and t.name != "zerocomm-peer-exits")
 
 
 def _count(step, warmup: int, top: int, callers: str = "") -> tuple:
