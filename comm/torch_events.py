@@ -59,9 +59,11 @@ def run_all(calls: Sequence, name: str, inputs) -> List:
 
     results = []
     try:
+        # Never issued directly (``issue=None``): an issued call's backend work would run on this thread, seen
+        # by the profiler, and the closing function would not run.
         for call in calls[:-1]:
-            results.append(_run_off_thread(call))
-        results.append(_run_off_thread(last._replace(function=closing, ride=None)))  # ridden, it would not close
+            results.append(_run_off_thread(call._replace(issue=None)))
+        results.append(_run_off_thread(last._replace(function=closing, ride=None, issue=None)))  # ridden: no close
     except BaseException:
         close()  # refused before the executor ran it (a destroyed or failed group), or a blocking call failed
         raise
