@@ -178,12 +178,8 @@ class Group:
                             return IssuedWork(call, self, None, None, start, seconds)
                         request, after = issue(self.communicator, *call.args, tag=tag, deadline=deadline,
                                                segment_bytes=self.segment_bytes)
-                    except TimeoutError as error:
-                        raise self._timed_out(call.collective, seconds, error, start) from None
-                    except PeerFailure as failure:
-                        raise self._peer_failed(call.collective, failure) from None
-                    except shm.CallMismatch as mismatch:
-                        self._mismatched(call.collective, mismatch.fingerprint, deadline, seconds, start)
+                    except (TimeoutError, PeerFailure, shm.CallMismatch) as error:
+                        raise self._typed(call, error, deadline, seconds, start) from None
                 except Exception as error:  # the caller sees it through Work.wait, as from the executor
                     return IssuedWork.failed(call, self, error)
                 return IssuedWork(call, self, request, after, start, seconds)
@@ -258,27 +254,35 @@ class Group:
                 self._call(call, tag, deadline, self.segment_bytes)
             if checker is _ARMS_FIRST_SYNC:
                 check.settle(call, deadline)
-        except TimeoutError as error:
-            raise self._timed_out(call.collective, seconds, error, start) from None
-        except PeerFailure as failure:
-            raise self._peer_failed(call.collective, failure) from None
-        except shm.CallMismatch as mismatch:
-            self._mismatched(call.collective, mismatch.fingerprint, deadline, seconds, start)
+        except (TimeoutError, PeerFailure, shm.CallMismatch) as error:
+            raise self._typed(call, error, deadline, seconds, start) from None
         if call.copy_out:
             for source, destination in call.copy_out:
                 destination.copy_(source.view(destination.shape))
 
-    def _mismatched(self, collective: str, fingerprint: tuple, deadline: float, seconds: float, start: float):
+    def _typed(self, call, error: Exception, deadline: float, seconds: float, start: float) -> CommError:
+        """The typed error of ``call``, which failed with ``error`` (both ways a call runs: inline or on the executor,
+        and issued): ``TimeoutError`` -> ``CommTimeoutError``, ``PeerFailure`` -> ``PeerError``, a failed "shm"
+        check (``CallMismatch``) -> ``CollectiveMismatchError`` naming the ranks that differ."""
+        if isinstance(error, TimeoutError):
+            return self._timed_out(call.collective, seconds, error, start)
+        if isinstance(error, PeerFailure):
+            return self._peer_failed(call.collective, error)
+        return self._mismatched(call.collective, error.fingerprint, deadline, seconds, start)
+
+    def _mismatched(self, collective: str, fingerprint: tuple, deadline: float, seconds: float,
+                    start: float) -> CommError:
         """An "shm" call's check failed in its first sync, on every rank at once: every rank all-gathers the
-        fingerprints over the backend to raise ``CollectiveMismatchError`` naming the ranks that differ."""
+        fingerprints over the backend; the ``CollectiveMismatchError`` naming the ranks that differ (or the
+        ``CommTimeoutError`` of that all-gather)."""
         try:
             check.name_mismatch(self, fingerprint, deadline)
         except TimeoutError as error:
-            raise self._timed_out(collective, seconds, error, start) from None
+            return self._timed_out(collective, seconds, error, start)
         except CollectiveMismatchError as error:
-            raise error from None  # not "during handling of CallMismatch"
-        raise CollectiveMismatchError(f"rank {self.my_global_rank}: {collective} on {self.describe()}: the ranks' "
-                                      f"call digests differed")
+            return error
+        return CollectiveMismatchError(f"rank {self.my_global_rank}: {collective} on {self.describe()}: the ranks' "
+                                       f"call digests differed")
 
     def _timed_out(self, collective: str, seconds: float, error: TimeoutError, start: float) -> CommError:
         # The time stated is the time this call waited, measured, with the deadline beside it.
