@@ -106,10 +106,10 @@ class Plan:
     """
 
     __slots__ = ("group", "collective", "dtype", "op", "root", "async_op", "timeout", "rows", "on_cpu", "size",
-                 "itemsize", "profile_name", "any_size")
+                 "itemsize", "profile_name")
 
     def __init__(self, group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
-                 async_op: bool, timeout: Optional[float], rows: tuple, profile_name: str):
+                 async_op: bool, timeout: Optional[float], rows: tuple, profile_name: str, any_size: bool = False):
         self.group = group
         self.collective = collective
         self.dtype = dtype
@@ -117,23 +117,22 @@ class Plan:
         self.root = root
         self.async_op = async_op
         self.timeout = timeout
-        self.rows = rows
+        #: A call whose size may differ between ranks (an all_to_all with uneven splits) runs the row that serves
+        #: every size, the first unbounded one: "auto" must not depend on the size, or ranks would choose differently.
+        self.rows = (next(row for row in rows if row[0] >= select.UNBOUNDED),) if any_size else rows
         self.on_cpu = group.on_cpu
         self.size = group.size()
         self.itemsize = dtype.itemsize
         self.profile_name = profile_name
-        #: An all_to_all's send size differs between ranks (uneven splits): it runs the unbounded row whatever
-        #: its size ("auto" must not depend on it, or ranks would choose differently).
-        self.any_size = collective == "all_to_all"
 
     def run(self, args: tuple, nbytes: int, numel: int, outputs: tuple, copy_out: tuple = (), inputs=None,
             options: Optional[dict] = None):
         """Run one call of this cell; ``None``, or its ``Work`` if the plan is ``async_op``."""
         rows = self.rows
         row = rows[0]
-        if nbytes > row[0] or self.any_size:  # "auto"'s rows by size, the last one unbounded
+        if nbytes > row[0]:  # "auto"'s rows by size, the last one unbounded
             for row in rows:
-                if nbytes <= row[0] and not self.any_size:
+                if nbytes <= row[0]:
                     break
         ride = row[5]
         if ride is not None and nbytes > _RIDE_BYTES:
@@ -149,11 +148,9 @@ class Plan:
                options: Optional[dict] = None) -> Call:
         """The record :meth:`run` would hand to ``Group.run``, for a caller that runs several records under one
         profiler event (the coalesced forms)."""
-        row = self.rows[-1]
-        if not self.any_size:
-            for row in self.rows:
-                if nbytes <= row[0]:
-                    break
+        for row in self.rows:
+            if nbytes <= row[0]:
+                break
         ride = row[5]
         if ride is not None and nbytes > _RIDE_BYTES:
             ride = None
@@ -164,15 +161,17 @@ class Plan:
 
 def plan_for(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
              requested: Optional[str], async_op: bool, timeout: Optional[float], what: str,
-             profile_name: str) -> Plan:
+             profile_name: str, any_size: bool = False) -> Plan:
     """The plan of a cell, from ``group.plans`` or made now: the rows of "auto"'s table for the cell (one row for
-    an explicit algorithm), each with its function and checker.  Raises ``InvalidArgumentError`` for an unknown
-    algorithm and ``UnsupportedError`` for one that cannot serve the cell, before any byte moves."""
-    key = (collective, dtype, op, root, requested, async_op, timeout, profile_name)
+    an explicit algorithm), each with its function and checker; ``any_size``: the calls' sizes may differ between
+    ranks, so one row serves them all.  Raises ``InvalidArgumentError`` for an unknown algorithm and
+    ``UnsupportedError`` for one that cannot serve the cell, before any byte moves."""
+    key = (collective, dtype, op, root, requested, async_op, timeout, profile_name, any_size)
     plan = group.plans.get(key)
     if plan is None:
         plan = group.plans[key] = Plan(group, collective, dtype, op, root, async_op, timeout,
-                                       _rows(group, collective, dtype, op, root, requested, what), profile_name)
+                                       _rows(group, collective, dtype, op, root, requested, what), profile_name,
+                                       any_size)
     return plan
 
 

@@ -435,12 +435,13 @@ def configure(**fields) -> CommConfig:
 
 def which_algorithm(collective: str, tensor: torch.Tensor, op=None, group=None, *,
                     algorithm: Optional[str] = None) -> str:
-    """The algorithm a call of ``collective`` on ``tensor`` would use (without running it)."""
+    """The algorithm a call of ``collective`` on ``tensor`` would use (without running it); for "all_to_all", a
+    call on ``tensor`` split evenly (with uneven splits, a call runs the table's choice for unbounded sizes)."""
     from .reduce_op import op_name
     from .validate import choose_algorithm
     g = _group_or_world(group, "which_algorithm")
     name = None if op is None else op_name(op, collective=collective, rank=g.my_global_rank)
-    nbytes = None if collective == "all_to_all" else tensor.numel() * tensor.element_size()  # as validate does
+    nbytes = tensor.numel() * tensor.element_size()
     return choose_algorithm(collective, g, tensor.dtype, name, nbytes, algorithm, "which_algorithm")[0]
 
 

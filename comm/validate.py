@@ -395,7 +395,9 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, grou
     output, input = _tensor_pair(output, input, "output", "input", what, g)
     in_counts = _split_counts(input, input_split_sizes, "input", g)
     out_counts = _split_counts(output, output_split_sizes, "output", g)
-    plan = plan_for(g, "all_to_all", input.dtype, None, -1, algorithm, async_op, None, what, "all_to_all")
+    # Even splits: every rank sends as many bytes, and "auto" may choose by size.
+    uneven = input_split_sizes is not None or output_split_sizes is not None
+    plan = plan_for(g, "all_to_all", input.dtype, None, -1, algorithm, async_op, None, what, "all_to_all", uneven)
     return _run(plan, key, (_flat(output), _flat(input), out_counts, in_counts), input.nbytes, -1, (output,), (), (input,))
 
 
@@ -414,7 +416,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm
     in_counts = [item.numel() for item in input_tensor_list]
     flat_out = torch.empty(sum(out_counts), dtype=dtype, device=flat_in.device)
     copy_out = tuple(zip(flat_out.split(out_counts), output_tensor_list))
-    plan = plan_for(g, "all_to_all", dtype, None, -1, algorithm, async_op, None, "all_to_all", "all_to_all")
+    plan = plan_for(g, "all_to_all", dtype, None, -1, algorithm, async_op, None, "all_to_all", "all_to_all", True)
     return _run(plan, key, (flat_out, flat_in, out_counts, in_counts), flat_in.nbytes, -1, tuple(output_tensor_list), copy_out,
                     tuple(input_tensor_list))
 

@@ -69,6 +69,56 @@ def test_selection_is_explicit_default_or_table_and_observable(world):
         assert "native" in refusal and "tree" in refusal
 
 
+def all_to_all_choices():
+    """(chosen, expected) for even all_to_all_single calls by size, then for one with uneven splits."""
+    from zerocomm.comm.api import WORLD
+    from zerocomm.comm.traffic import observing
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    backend = str(dist.get_backend())
+
+    class Algorithms:
+        def __init__(self):
+            self.seen = []
+
+        def on_start(self, record):
+            pass
+
+        def on_end(self, record):
+            self.seen.append(record.algorithm)
+
+    observer = Algorithms()
+    answers = []
+    with observing(WORLD, observer):
+        for nbytes in (8 * n, 4096 * n, (1 << 20) * n):
+            sent = (torch.arange(nbytes) % 251).to(torch.uint8)
+            received = torch.empty_like(sent)
+            dist.all_to_all_single(received, sent)
+            assert torch.equal(received.view(n, -1), sent.view(n, -1)[rank].expand(n, -1)), nbytes  # every rank sent alike
+            answers.append((observer.seen[-1], dist.which_algorithm("all_to_all", sent),
+                            _expected_auto(backend, "all_to_all", n, nbytes)))
+        # Uneven: rank r sends r + 1 + j elements to rank j, so ranks send different totals, and "auto" must not
+        # choose by size: every rank runs the first row that serves every size.
+        counts = [rank + 1 + j for j in range(n)]
+        back = [j + 1 + rank for j in range(n)]
+        sent = torch.full((sum(counts),), rank, dtype=torch.uint8)
+        received = torch.empty(sum(back), dtype=torch.uint8)
+        dist.all_to_all_single(received, sent, back, counts)
+        assert received.tolist() == [j for j in range(n) for _ in range(back[j])]
+        answers.append((observer.seen[-1], None, _expected_auto(backend, "all_to_all", n, select.UNBOUNDED)))
+    return answers
+
+
+@pytest.mark.parametrize("world", worlds(("gloo", "mpi"), (2, 3)), indirect=True)
+def test_all_to_all_chooses_by_size_when_every_rank_sends_alike(world):
+    results = world.run(all_to_all_choices)
+    for answers in results:
+        assert answers == results[0]  # every rank chose alike
+        for chosen, predicted, expected in answers:
+            assert chosen == expected, answers
+            assert predicted in (None, expected), answers
+
+
 def mismatched_call():
     dist.configure(debug=True)
     try:
