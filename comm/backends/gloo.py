@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import os
+import threading
 import time
 from typing import List, Optional, Sequence
 
@@ -176,6 +178,40 @@ def _as_sent(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.numel() else _bytes(tensor)
 
 
+class _SharedDevice:
+    """This process's one gloo transport device, shared by every live communicator it makes.
+
+    A device runs one event-loop thread, which wakes every 10 ms even when idle; torch makes one per process
+    group, so ZeRO++'s communicators (the world, the hosts, the partitions, hierarchical's halves) kept six
+    loops per rank waking on two shared cores.  gloo's device serves any number of contexts (each communicator
+    is one, with its own pairs).  It is dropped with the last communicator using it, so a process that forks
+    between worlds (a pool of test ranks) holds no loop thread then, as before; a forked child never uses its
+    parent's (the thread does not exist there)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pid, self._device, self._users = None, None, 0
+
+    def acquire(self):
+        with self._lock:
+            if self._pid != os.getpid():
+                self._device, self._users = None, 0
+            if self._device is None:
+                self._device, self._pid = td.ProcessGroupGloo.create_default_device(), os.getpid()
+            self._users += 1
+            return self._device
+
+    def release(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid() and self._users > 0:
+                self._users -= 1
+                if self._users == 0:
+                    self._device = None
+
+
+_shared_device = _SharedDevice()
+
+
 class GlooBackend(Backend):
     """One gloo communicator; ``pg`` is the ``ProcessGroupGloo`` over its members."""
 
@@ -195,8 +231,13 @@ class GlooBackend(Backend):
         options = td.ProcessGroupGloo._Options()
         options._timeout = timeout
         options._threads = 1
-        options._devices = [td.ProcessGroupGloo.create_default_device()]
-        self.pg = td.ProcessGroupGloo(store, rank, size, options)
+        options._devices = [_shared_device.acquire()]
+        try:
+            self.pg = td.ProcessGroupGloo(store, rank, size, options)
+        except BaseException:
+            _shared_device.release()
+            raise
+        self._device_held = True
         self._exits: Optional[tuple] = None  # rank -> its process's PeerExit (see _exit_of), released with the backend
         self._stage = torch.zeros(_STAGE, dtype=torch.float64)  # the mismatch check's stage (see ``agree``)
         self._stage_words = self._stage.numpy()
@@ -262,6 +303,9 @@ class GlooBackend(Backend):
             if peer_exit is not None:
                 release_exit(peer_exit)
         pg, self.pg = self.pg, None
+        if self._device_held:
+            self._device_held = False
+            _shared_device.release()
         if abandon and pg is not None:
             # ProcessGroupGloo's destructor waits for its connections to drain, and a peer whose link went
             # down (no reset, no close) never lets them: dropping the last reference would block this
