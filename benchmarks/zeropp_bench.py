@@ -3,7 +3,8 @@
 The cluster is cluster.py's (hosts as network namespaces, each host's link shaped with ``tbf``).  In it,
 every rank trains the ~10 M-parameter TinyLM (``TinyLM.benchmark_size()``, fp32 masters, Adam) with plain
 ZeRO-3 and then with ZeRO-3 + qwZ + hpZ (partitions of ``--ranks-per-host``) + qgZ (int4), from the same
-initial weights on the same batches.  The batches come from a fixed random bigram table (each next token
+initial weights on the same batches, both keeping their gradient bucket buffers from step to step
+(``keep_bucket_buffers``).  The batches come from a fixed random bigram table (each next token
 follows the table with probability 0.9), so the loss falls and the two runs' losses say something.
 
 Reported per variant:
@@ -93,7 +94,9 @@ def rank_main(job_env: str) -> int:
         for variant in VARIANTS:
             torch.manual_seed(0)
             model = TinyLM(shape)
-            config = ZeroConfig(stage=3, **(zeropp if variant != VARIANTS[0] else {}))
+            # Both variants keep their bucket buffers between steps, as DeepSpeed keeps its reduction buffers:
+            # freed, glibc hands them back to the kernel and every backward faults them in again.
+            config = ZeroConfig(stage=3, keep_bucket_buffers=True, **(zeropp if variant != VARIANTS[0] else {}))
             model, optimizer = initialize(model, lambda params: torch.optim.Adam(params, lr=job["lr"]), config)
             times, cpu, faults, losses, evals = [], [], [], [], []
             tx_before, tx_eval = None, 0
