@@ -70,7 +70,8 @@ def test_selection_is_explicit_default_or_table_and_observable(world):
 
 
 def all_to_all_choices():
-    """(chosen, expected) for even all_to_all_single calls by size, then for one with uneven splits."""
+    """(algorithm run, which_algorithm's answer, the table's) for even all_to_all_single calls by size, then for one
+    with uneven splits (which_algorithm answers for even splits only: None)."""
     from zerocomm.comm.api import WORLD
     from zerocomm.comm.traffic import observing
 
@@ -94,7 +95,8 @@ def all_to_all_choices():
             sent = (torch.arange(nbytes) % 251).to(torch.uint8)
             received = torch.empty_like(sent)
             dist.all_to_all_single(received, sent)
-            assert torch.equal(received.view(n, -1), sent.view(n, -1)[rank].expand(n, -1)), nbytes  # every rank sent alike
+            # every rank sent the same buffer, so each receives its own chunk of it from every rank
+            assert torch.equal(received.view(n, -1), sent.view(n, -1)[rank].expand(n, -1)), nbytes
             answers.append((observer.seen[-1], dist.which_algorithm("all_to_all", sent),
                             _expected_auto(backend, "all_to_all", n, nbytes)))
         # Uneven: rank r sends r + 1 + j elements to rank j, so ranks send different totals, and "auto" must not
