@@ -161,6 +161,10 @@ class Cluster:
 
     hosts: int
     rate_bits: int
+    names_resolve: bool = True
+    """Whether each host's ``/etc/hosts`` names every host (``/etc/netns/<ns>/hosts``).  False: as on clusters
+    whose host names do not resolve to the link's address (several NICs, containers), only ``localhost``
+    resolves; the ranks then need ``GLOO_SOCKET_IFNAME`` to bind the link's address."""
     prefix: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}")
     made: list = field(default_factory=list)
     made_files: list = field(default_factory=list)
@@ -196,8 +200,11 @@ class Cluster:
 
     def _write_hosts_files(self) -> None:
         """``/etc/netns/<ns>/hosts`` for every host: ``ip netns exec`` mounts it over ``/etc/hosts``, so each
-        host resolves every host's name to its address (torchrun's rendezvous passes names around)."""
-        lines = ["127.0.0.1 localhost"] + [f"{self.address(i)} {self.hostname(i)}" for i in range(self.hosts)]
+        host resolves every host's name to its address (torchrun's rendezvous passes names around), or, with
+        ``names_resolve`` off, no host's name (a file of its own still stands in for the machine's)."""
+        lines = ["127.0.0.1 localhost"]
+        if self.names_resolve:
+            lines += [f"{self.address(i)} {self.hostname(i)}" for i in range(self.hosts)]
         for i in range(self.hosts):
             folder = Path("/etc/netns") / self.host_ns(i)
             folder.mkdir(parents=True, exist_ok=True)
@@ -273,7 +280,9 @@ def _agent(hostname: str) -> int:
     for local in range(job["ranks_per_host"]):
         env = dict(os.environ, RANK=str(job["host"] * job["ranks_per_host"] + local), LOCAL_RANK=str(local),
                    WORLD_SIZE=str(job["world_size"]), MASTER_ADDR=job["master"], MASTER_PORT=str(MASTER_PORT),
-                   GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+                   OMP_NUM_THREADS="1")
+        if job.get("ifname", "eth0"):  # the link's interface, named as on clusters with several NICs
+            env["GLOO_SOCKET_IFNAME"] = job.get("ifname", "eth0")
         procs.append(subprocess.Popen(job.get("rank_command") or [sys.executable, "-m", MODULE, "--rank"], env=env))
     worst = 0
     for proc in procs:
@@ -355,6 +364,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the setup, load and rows as JSON")
     parser.add_argument("--plot", metavar="PNG", help="bar chart of the times (needs matplotlib)")
     parser.add_argument("--cleanup", action="store_true", help="only remove what dead earlier runs left, and exit")
+    parser.add_argument("--unresolved-names", action="store_true",
+                        help="write no host names into the hosts' /etc/hosts (as on clusters whose names do not resolve "
+                             "to the link's address); the ranks bind the link by GLOO_SOCKET_IFNAME=eth0")
     parser.add_argument("--zero", type=positive_int, metavar="STEPS",
                         help="instead of all_reduce: train the ~10 M-parameter LM for STEPS steps with ZeRO-3 and with "
                              "ZeRO-3 + ZeRO++ (qwZ, hpZ, qgZ) and print step time, bytes over the links and losses")
@@ -384,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
         from . import zeropp_bench
         job = zeropp_bench.job(steps=args.zero, batch=args.zero_batch, bits=args.zero_bits, lr=1e-3, job_env=JOB_ENV,
                                profile=args.zero_profile and os.path.abspath(args.zero_profile))
-        ran = run_job(args.hosts, args.ranks_per_host, rate, job, args.timeout)
+        ran = run_job(args.hosts, args.ranks_per_host, rate, job, args.timeout, names_resolve=not args.unresolved_names)
         if ran is None:
             return 1
         result = zeropp_bench.result(job, *ran, hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate_bits=rate)
@@ -394,7 +406,8 @@ def run(args: argparse.Namespace) -> int:
                 json.dump(result, handle, indent=1)
         return 0
     result = measure(args.hosts, args.ranks_per_host, rate, args.sizes, args.algorithms, warmup=args.warmup,
-                     iters=args.iters, timeout_s=args.timeout, onebit_inner=args.onebit_inner)
+                     iters=args.iters, timeout_s=args.timeout, onebit_inner=args.onebit_inner,
+                     names_resolve=not args.unresolved_names)
     if result is None:
         return 1
     print(format_table(result))
@@ -406,10 +419,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(row["correct"] is not False for row in result["rows"]) else 1
 
 
-def run_job(hosts: int, ranks_per_host: int, rate_bits: int, job: dict, timeout_s: float) -> Optional[tuple]:
+def run_job(hosts: int, ranks_per_host: int, rate_bits: int, job: dict, timeout_s: float, *,
+            names_resolve: bool = True) -> Optional[tuple]:
     """Build the cluster, run ``job`` in its ranks (rank 0 writes its JSON to ``job["out"]``, set here), tear it
     all down; ``(what rank 0 wrote, load before, load after)``, or ``None`` if a rank failed."""
-    cluster = Cluster(hosts, rate_bits)
+    cluster = Cluster(hosts, rate_bits, names_resolve=names_resolve)
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with tempfile.TemporaryDirectory(prefix="zerocomm-cluster-") as folder:
@@ -430,15 +444,16 @@ def run_job(hosts: int, ranks_per_host: int, rate_bits: int, job: dict, timeout_
 
 def measure(hosts: int, ranks_per_host: int, rate_bits: int, sizes: Sequence[int], algorithms: Sequence[str], *,
             warmup: int = 2, iters: int = 5, timeout_s: float = DEFAULT_TIMEOUT_S,
-            onebit_inner: str = "ring") -> Optional[dict]:
+            onebit_inner: str = "ring", names_resolve: bool = True) -> Optional[dict]:
     """Build the cluster, run the ranks, tear it all down; the setup, load and rows (``None`` if a rank failed)."""
     ran = run_job(hosts, ranks_per_host, rate_bits, {"sizes": list(sizes), "algorithms": list(algorithms),
                                                      "warmup": warmup, "iters": iters, "onebit_inner": onebit_inner},
-                  timeout_s)
+                  timeout_s, names_resolve=names_resolve)
     if ran is None:
         return None
     measured, load_before, load_after = ran
     return {"hosts": hosts, "ranks_per_host": ranks_per_host, "rate_bits": rate_bits, "backend": "gloo",
+            "names_resolve": names_resolve,
             "warmup": warmup, "iters": iters, "onebit_inner": onebit_inner, "load_before": load_before,
             "load_after": load_after, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "hostnames": measured["hostnames"], "rows": measured["rows"]}
@@ -448,7 +463,8 @@ def format_table(result: dict) -> str:
     rate = result["rate_bits"]
     lines = [f"# {result['hosts']} hosts x {result['ranks_per_host']} ranks, gloo, each link {rate / 1e9:g} Gbit/s "
              f"each way; hostnames {', '.join(result['hostnames'])}; load {' '.join(f'{x:.2f}' for x in result['load_before'])} (before), "
-             f"{' '.join(f'{x:.2f}' for x in result['load_after'])} (after)",
+             f"{' '.join(f'{x:.2f}' for x in result['load_after'])} (after)"
+             + ("" if result.get("names_resolve", True) else "; host names do not resolve (GLOO_SOCKET_IFNAME=eth0)"),
              f"# {'size':>10} {'algorithm':>13} {'time (ms)':>10} {'vs ring':>8} {'checked':>8}"]
     ring = {row["size"]: row["time_s"] for row in result["rows"] if row["algorithm"] == "ring"}
     for row in result["rows"]:

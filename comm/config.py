@@ -22,6 +22,12 @@ Environment variables:
 
 ``init_process_group`` reads them (through :meth:`CommConfig.from_env`, the one place that
 does); ``configure`` changes the live configuration; ``destroy_process_group`` drops it.
+
+Variables of torch's that zerocomm honours as torch does, read here too:
+    GLOO_SOCKET_IFNAME      comma-separated network interfaces: every gloo communicator zerocomm makes binds
+                            one transport device to each, in order (:func:`gloo_socket_interfaces`), as
+                            torch's ``ProcessGroupGloo`` does; unset, gloo binds the address this host's name
+                            resolves to (loopback, with a warning, where it does not resolve).
 """
 from __future__ import annotations
 
@@ -114,3 +120,13 @@ _VARIABLES = (
     ("ZEROCOMM_MAX_QUEUED", "max_queued", int),
     ("ZEROCOMM_TORCH_DEFAULT_GROUP", "torch_default_group", _flag),
 )
+
+
+def gloo_socket_interfaces(environ=None) -> tuple:
+    """The interfaces ``GLOO_SOCKET_IFNAME`` names, in order (empty: none named).  torch reads the variable at
+    each ``ProcessGroupGloo`` it makes, so it is read here at each communicator too, not once at init: a
+    program may set it between worlds.  torch ignores a value of one character; so does this."""
+    text = (os.environ if environ is None else environ).get("GLOO_SOCKET_IFNAME", "")
+    if len(text) <= 1:
+        return ()
+    return tuple(name.strip() for name in text.split(",") if name.strip())

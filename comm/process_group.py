@@ -145,8 +145,9 @@ def _rendezvous(init_method: str, rank: int, world_size: int, timeout: datetime.
     return _tcp_store(host, port, rank, world_size, timeout), rank, world_size
 
 
-def _make_communicator(backend: str, init_method, timeout, world_size, rank, store):
-    """The world's communicator of ``backend`` (one of ``backends.BACKENDS``)."""
+def _make_communicator(backend: str, init_method, timeout, world_size, rank, store, deadline: float):
+    """The world's communicator of ``backend`` (one of ``backends.BACKENDS``), made by ``deadline``
+    (``time.monotonic()`` seconds)."""
     if backend not in BACKENDS and backend not in STAND_INS:
         raise InvalidArgumentError(f"init_process_group: backend must be one of {tuple(BACKENDS)}, got {backend!r}")
     cls = backend_class(backend)
@@ -171,7 +172,10 @@ def _make_communicator(backend: str, init_method, timeout, world_size, rank, sto
     elif rank < 0 or world_size < 1:
         raise InvalidArgumentError(f"init_process_group: with a store, rank ({rank}) and world_size "
                                    f"({world_size}) must be given")
-    return cls(td.PrefixStore("zerocomm/world/", store), rank, world_size, timeout)
+    try:
+        return cls(td.PrefixStore("zerocomm/world/", store), rank, world_size, timeout, deadline=deadline)
+    except (RuntimeError, OSError, td.DistError) as error:  # the rank is known here: the error names it
+        raise _init_failure(error, backend, rank, timeout, time.monotonic() + timeout.total_seconds() - deadline)
 
 
 def _setup_failure(error: BaseException, where: str, timeout: datetime.timedelta, waited_s: float,
@@ -179,8 +183,10 @@ def _setup_failure(error: BaseException, where: str, timeout: datetime.timedelta
     """A failure while ranks meet (torch's store and connections, MPI's waits) as zerocomm's type: a timeout,
     saying ``missing``, or an unreachable peer or store.  ``where`` is "rank R: the call"."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    timed_out = (isinstance(error, TimeoutError) or "timeout" in text.lower() or "timed out" in text.lower()
-                 or waited_s >= timeout.total_seconds())
+    # gloo says "timed out connecting: ... Connection refused" after a few quick retries: a peer's address
+    # that nothing listens on (its host bound another interface) is unreachable, not late.
+    timed_out = (isinstance(error, TimeoutError) or waited_s >= timeout.total_seconds()
+                 or (("timeout" in text.lower() or "timed out" in text.lower()) and "refused" not in text.lower()))
     if timed_out:
         return CommTimeoutError(f"{where} timed out after {waited_s * 1000:.0f} ms (deadline "
                                 f"{timeout.total_seconds() * 1000:.0f} ms): {missing} ({text})")
@@ -207,7 +213,8 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
                else _group_timeout(timeout, "init_process_group"))
     start = time.monotonic()
     try:
-        communicator = _make_communicator(backend, init_method, timeout, world_size, rank, store)
+        communicator = _make_communicator(backend, init_method, timeout, world_size, rank, store,
+                                          start + timeout.total_seconds())
     except CommError:
         raise
     except (RuntimeError, OSError, td.DistError) as error:  # torch's store and gloo's connect: typed here

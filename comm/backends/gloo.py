@@ -21,6 +21,7 @@ import torch
 import torch.distributed as td
 
 from ...ops.reduce import finalize_
+from ..config import gloo_socket_interfaces
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request, members_arrive
@@ -178,38 +179,78 @@ def _as_sent(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.numel() else _bytes(tensor)
 
 
+def make_devices(interfaces: Sequence[str]) -> list:
+    """gloo transport devices as torch's own ``ProcessGroupGloo`` makes them: one per interface named in
+    ``GLOO_SOCKET_IFNAME`` (``config.gloo_socket_interfaces``), in its order, else one bound to the address this
+    host's name resolves to.  On a cluster whose host names do not resolve to the link's address (several NICs,
+    containers), the named interface is the only way gloo binds an address its peers can reach."""
+    if not interfaces:
+        return [td.ProcessGroupGloo.create_default_device()]
+    return [td.ProcessGroupGloo.create_device(interface=name) for name in interfaces]
+
+
 class _SharedDevice:
-    """This process's one gloo transport device, shared by every live communicator it makes.
+    """This process's gloo transport devices, shared by every live communicator it makes, one set per value of
+    ``GLOO_SOCKET_IFNAME`` (the interfaces they bind).
 
     A device runs one event-loop thread, which wakes every 10 ms even when idle; torch makes one per process
     group, so ZeRO++'s communicators (the world, the hosts, the partitions, hierarchical's halves) kept six
     loops per rank waking on two shared cores.  gloo's device serves any number of contexts (each communicator
-    is one, with its own pairs).  It is dropped with the last communicator using it, so a process that forks
+    is one, with its own pairs).  A set is dropped with the last communicator using it, so a process that forks
     between worlds (a pool of test ranks) holds no loop thread then, as before; a forked child never uses its
     parent's (the thread does not exist there)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._pid, self._device, self._users = None, None, 0
+        self._pid, self._held = None, {}  # interfaces -> [devices, users]
 
-    def acquire(self):
+    def acquire(self, interfaces: tuple) -> list:
         with self._lock:
             if self._pid != os.getpid():
-                self._device, self._users = None, 0
-            if self._device is None:
-                self._device, self._pid = td.ProcessGroupGloo.create_default_device(), os.getpid()
-            self._users += 1
-            return self._device
+                self._held, self._pid = {}, os.getpid()
+            held = self._held.get(interfaces)
+            if held is None:
+                held = self._held[interfaces] = [make_devices(interfaces), 0]
+            held[1] += 1
+            return held[0]
 
-    def release(self) -> None:
+    def release(self, interfaces: tuple) -> None:
         with self._lock:
-            if self._pid == os.getpid() and self._users > 0:
-                self._users -= 1
-                if self._users == 0:
-                    self._device = None
+            held = self._held.get(interfaces) if self._pid == os.getpid() else None
+            if held is not None:
+                held[1] -= 1
+                if held[1] == 0:
+                    del self._held[interfaces]
 
 
 _shared_device = _SharedDevice()
+
+
+def _connected(make, seconds: float, rank: int):
+    """``make()`` (a ``ProcessGroupGloo``: gloo connects every pair) within ``seconds``, else ``TimeoutError``.
+
+    gloo bounds the connections it makes by the options' timeout, but a rank whose peers failed to connect
+    to it (they dialled an address it does not listen on, and gave up) can wait in gloo's rendezvous far
+    longer (300 s and more, measured): the wait runs on a thread of its own, which releases the GIL, so this
+    rank ends at its own deadline.  A thread left waiting then is given up (a daemon; the group is failing)."""
+    made: dict = {}
+
+    def connect() -> None:
+        try:
+            made["pg"] = make()
+        except BaseException as error:  # handed to the caller's thread below
+            made["error"] = error
+
+    thread = threading.Thread(target=connect, name="zerocomm-gloo-connect", daemon=True)
+    thread.start()
+    thread.join(max(seconds, 0.0))
+    if thread.is_alive():
+        raise TimeoutError(f"rank {rank}: gloo did not connect to every peer within {max(seconds, 0.0):.1f} s "
+                           "(a peer that cannot reach this host's address: is GLOO_SOCKET_IFNAME set to the "
+                           "interface of the link between the hosts?)")
+    if "error" in made:
+        raise made["error"]
+    return made["pg"]
 
 
 class GlooBackend(Backend):
@@ -219,7 +260,7 @@ class GlooBackend(Backend):
     device_type = "cpu"
     ANY_SOURCE = True
 
-    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta):
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, deadline: Optional[float] = None):
         self.store = store
         self.rank = rank
         self.size = size
@@ -231,11 +272,13 @@ class GlooBackend(Backend):
         options = td.ProcessGroupGloo._Options()
         options._timeout = timeout
         options._threads = 1
-        options._devices = [_shared_device.acquire()]
+        self._interfaces = gloo_socket_interfaces()
+        options._devices = _shared_device.acquire(self._interfaces)
         try:
-            self.pg = td.ProcessGroupGloo(store, rank, size, options)
+            self.pg = _connected(lambda: td.ProcessGroupGloo(store, rank, size, options),
+                                 timeout.total_seconds() if deadline is None else deadline - _monotonic(), rank)
         except BaseException:
-            _shared_device.release()
+            _shared_device.release(self._interfaces)
             raise
         self._device_held = True
         self._exits: Optional[tuple] = None  # rank -> its process's PeerExit (see _exit_of), released with the backend
@@ -293,7 +336,7 @@ class GlooBackend(Backend):
         if deadline is not None:  # gloo's own rendezvous ends at its store's bound, not at the deadline
             members_arrive(self, list(ranks), key, deadline)
         store = td.PrefixStore(f"zerocomm/{key}/", self.store)
-        return GlooBackend(store, list(ranks).index(self.rank), len(ranks), self.timeout)
+        return GlooBackend(store, list(ranks).index(self.rank), len(ranks), self.timeout, deadline)
 
     def close(self, abandon: bool = False) -> None:
         release_shared_memory(self)
@@ -305,7 +348,7 @@ class GlooBackend(Backend):
         pg, self.pg = self.pg, None
         if self._device_held:
             self._device_held = False
-            _shared_device.release()
+            _shared_device.release(self._interfaces)
         if abandon and pg is not None:
             # ProcessGroupGloo's destructor waits for its connections to drain, and a peer whose link went
             # down (no reset, no close) never lets them: dropping the last reference would block this

@@ -25,7 +25,9 @@ import torch
 import torch.distributed as td
 
 from ...ops.reduce import finalize_
+from ..config import gloo_socket_interfaces
 from ..transport import AGREE, DISAGREE, Backend, Request
+from .gloo import make_devices
 
 NATIVE_TABLE = {
     "broadcast": "native",
@@ -288,7 +290,10 @@ class NcclHostStandIn(NcclBackend):
 
     device_type = "cpu"
 
-    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, device=None):
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, device=None,
+                 deadline: Optional[float] = None):
+        # ``deadline`` (the world's, as gloo's takes it) is not needed: a stand-in runs on one host, where every
+        # rank's address is reachable, and gloo's own timeout bounds the connections.
         super().__init__(store, rank, size, timeout, torch.device("cpu"))
         self.local.no_segment = True
 
@@ -297,5 +302,5 @@ class NcclHostStandIn(NcclBackend):
         options = td.ProcessGroupGloo._Options()
         options._timeout = timeout
         options._threads = 1  # one collective after another, in the order given, as NCCL's stream runs them
-        options._devices = [td.ProcessGroupGloo.create_default_device()]
+        options._devices = make_devices(gloo_socket_interfaces())
         return td.ProcessGroupGloo(store, rank, size, options)
