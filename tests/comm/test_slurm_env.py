@@ -212,3 +212,19 @@ def test_launch_and_master_address_read_slurm_alone():
     task = launch(srun(3, RANK="0"))
     assert (task.rank, task.world_size, task.local_rank, task.local_world_size, task.node_rank) == (3, 7, 1, 2, 1)
     assert master_address(srun(3, SLURM_STEP_NODELIST="gpu[1-2],cpu05")) == "gpu1"
+
+
+def test_the_guide_names_what_is_read_and_the_port_rule():
+    from pathlib import Path
+
+    from zerocomm.comm import slurm
+
+    page = (Path(__file__).parents[2] / "docs" / "running-on-many-machines.md").read_text()
+    section = page.split("## Slurm\n", 1)[1].split("\n## ", 1)[0]
+    read = (*slurm.NODELIST_VARIABLES, *slurm.NTASKS_VARIABLES, *slurm.TASKS_PER_NODE_VARIABLES, slurm.STEP_VARIABLE,
+            "SLURM_NTASKS_PER_NODE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID")
+    assert [v for v in read if f"`{v}`" not in section] == []
+    assert [v for v in slurm.TORCH_VARIABLES if f"| `{v}` |" not in section] == []
+    assert f"`{slurm.PORT_BASE} + SLURM_JOB_ID % {slurm.PORT_SPAN}`" in section
+    assert "#SBATCH --nodes=2" in section and "#SBATCH --ntasks-per-node=4" in section
+    assert "\nsrun python train.py" in section
