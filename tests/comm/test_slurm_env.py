@@ -228,3 +228,10 @@ def test_the_guide_names_what_is_read_and_the_port_rule():
     assert f"`{slurm.PORT_BASE} + SLURM_JOB_ID % {slurm.PORT_SPAN}`" in section
     assert "#SBATCH --nodes=2" in section and "#SBATCH --ntasks-per-node=4" in section
     assert "\nsrun python train.py" in section
+
+
+def test_mpi_launchers_are_recognised_as_init_recognises_them():
+    # init_process_group() picks "mpi" on these variables; the Slurm reading must step aside on the same ones.
+    from zerocomm.comm import process_group, slurm
+
+    assert set(slurm._MPI_MARKERS) == set(process_group._MPI_LAUNCH_VARS)
