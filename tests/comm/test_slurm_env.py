@@ -235,3 +235,23 @@ def test_mpi_launchers_are_recognised_as_init_recognises_them():
     from zerocomm.comm import process_group, slurm
 
     assert set(slurm._MPI_MARKERS) == set(process_group._MPI_LAUNCH_VARS)
+
+
+@pytest.mark.parametrize("tasks_on_node,gpus,backend", [("2", 2, "nccl"), ("4", 2, "gloo"), ("2", 0, "gloo")])
+def test_the_default_backend_counts_the_nodes_tasks_from_slurm(tasks_on_node, gpus, backend, monkeypatch):
+    """init fills torch's variables before it picks the default backend: NCCL only where every task on the node
+    (Slurm's count, as LOCAL_WORLD_SIZE) has a GPU of its own.  CUDA is faked; nothing initializes it."""
+    import os
+
+    import torch
+
+    from zerocomm.comm import process_group
+
+    env = srun(0, SLURM_NODEID="0", SLURM_LOCALID="0", SLURM_STEP_TASKS_PER_NODE=tasks_on_node,
+               SLURM_STEP_NUM_TASKS=tasks_on_node, SLURM_STEP_NODELIST="gpu01")
+    monkeypatch.setattr(os, "environ", env)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    slurm_filled = fill_torch_env(None, env)
+    assert slurm_filled["LOCAL_WORLD_SIZE"] == tasks_on_node
+    assert process_group._default_backend() == backend
