@@ -11,6 +11,7 @@ launcher.  Under torchrun (torch 2.x) the agent already serves the job's TCPStor
 ``MASTER_PORT`` (``TORCHELASTIC_USE_AGENT_STORE``): every rank connects as a client, under a key
 prefix of its restart attempt.  After init, torch's own default group stands for zerocomm's
 world (``c10d.make_torch_default``), so torch's API and the libraries on it see the same ranks.
+Under ``srun`` without torchrun, ``env://`` takes torch's variables left unset from Slurm's (``comm.slurm``).
 
 Init has a deadline like every other blocking call (``timeout``, else ``ZEROCOMM_TIMEOUT``,
 else five minutes): a rank that never joins makes the others raise ``CommTimeoutError``
@@ -35,6 +36,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as td
 
+from . import slurm
 from .backends import BACKENDS, STAND_INS, backend_class
 from .config import CommConfig
 from .errors import CommError, CommTimeoutError, InvalidArgumentError, PeerError, UnsupportedError
@@ -207,6 +209,8 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if WORLD.default is not None:
         raise InvalidArgumentError("init_process_group: the default process group is already initialized; "
                                    "call destroy_process_group() first")
+    if store is None and (init_method or "env://").startswith("env:"):
+        slurm.fill_torch_env(backend)  # under srun: torch's RANK, MASTER_ADDR... from Slurm's, where unset
     backend = _default_backend() if backend is None else str(backend).lower()
     config = CommConfig.from_env()  # before any rendezvous: a bad variable fails at once, naming itself
     timeout = (datetime.timedelta(seconds=config.timeout_s) if timeout is None
