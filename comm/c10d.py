@@ -172,6 +172,9 @@ def _split_of_owner(dist_backend_opts, options: Options) -> "ZerocommProcessGrou
     from . import topology
     topology.inherit(communicator, world.communicator, ranks)
     group = Group(ranks, dist_backend_opts.group_rank, communicator, timeout, world.backend, name)
+    if world.twin_backend is not None:  # a world for CPU and CUDA tensors: its groups move both
+        staging.offer_cuda_twin(group, communicator.store, objects.all_gather_object, world.twin_backend,
+                                world.backend_string)
     group.handle = ZerocommProcessGroup(group, options.algorithm, str(dist_backend_opts.group_id))
     WORLD.groups[name] = group  # destroy_process_group() closes it with the world's other groups
     return group.handle

@@ -100,7 +100,7 @@ def get_pg_count() -> int:
 def get_backend_config(group: Optional[Group] = None) -> str:
     """``"<device>:<backend>"`` of ``group``, as torch writes a backend config (e.g. ``"cpu:gloo"``)."""
     g = resolve_group(group, "get_backend_config")
-    return f"{g.device_type}:{g.backend}"
+    return g.backend_string if ":" in g.backend_string else f"{g.device_type}:{g.backend}"
 
 
 def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:

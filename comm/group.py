@@ -71,6 +71,10 @@ class Group:
         self.timeout = timeout
         self._timeout_s = timeout.total_seconds()
         self.backend = backend
+        #: What ``get_backend`` answers: ``backend``, or torch's device map ("cpu:gloo,cuda:nccl") for a group whose
+        #: CUDA tensors go to a twin of another backend (``twin_backend``; ``staging.offer_nccl``).
+        self.backend_string = backend
+        self.twin_backend: Optional[str] = None
         self.name = name
         self.my_global_rank = self.ranks[rank]
         self.handle = None

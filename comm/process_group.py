@@ -2,9 +2,9 @@
 
 Backends: ``gloo`` (CPU, torch's gloo; rendezvous through torch's ``init_method``
 or ``store``), ``mpi`` (CPU, mpi4py; ranks from the MPI launcher) and ``nccl``
-(CUDA).  ``backend=None`` takes ``mpi`` when the process was started by an MPI
-launcher without torch's ``RANK`` variable, else ``nccl`` where every local rank has a GPU
-of its own, else ``gloo``.
+(CUDA); torch's device maps ``"cpu:gloo,cuda:nccl"`` make one world of both.  ``backend=None`` takes
+``mpi`` when the process was started by an MPI launcher without torch's ``RANK`` variable, else
+``"cpu:gloo,cuda:nccl"`` where every local rank has a GPU of its own, else ``gloo``.
 
 Rendezvous as torch's: ``env://`` (the default), ``tcp://``, ``file://``, a ``store``, or the MPI
 launcher.  Under torchrun (torch 2.x) the agent already serves the job's TCPStore on
@@ -64,15 +64,43 @@ def _launched_by_mpi() -> bool:
 
 def _default_backend() -> str:
     """The backend of ``init_process_group()`` without one: "mpi" under an MPI launcher (no torch ``RANK``);
-    else "nccl" where CUDA gives every local rank a GPU of its own (torch's "cuda:nccl"), else "gloo".
+    else "cpu:gloo,cuda:nccl" (torch's default there: one world, CPU tensors over gloo, CUDA tensors over NCCL)
+    where CUDA gives every local rank a GPU of its own, else "gloo".
     Several local ranks sharing one GPU take gloo, as NCCL refuses two ranks on one device."""
     if _launched_by_mpi():
         return "mpi"
     if torch.cuda.is_available():
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         if torch.cuda.device_count() >= local_ranks:
-            return "nccl"
+            return CPU_AND_CUDA
     return "gloo"
+
+
+#: torch's default where every local rank has a GPU: one world, CPU tensors over gloo, CUDA tensors over NCCL.
+CPU_AND_CUDA = "cpu:gloo,cuda:nccl"
+#: What each device's half of a ``"cpu:X,cuda:Y"`` world may be: the world is the CPU half's; its CUDA tensors
+#: go to an NCCL twin of each group (``staging.offer_nccl``; "nccl-standin" tests that on a machine without a
+#: GPU), or with "gloo" are staged through host memory.
+_DEVICE_HALVES = {"cpu": ("gloo",), "cuda": ("nccl", "nccl-standin", "gloo")}
+
+
+def _device_backends(backend: str) -> tuple:
+    """``(the world's backend, its CUDA twin's or None)`` for a backend string as torch takes it: a name
+    ("gloo"), or devices mapped to names ("cpu:gloo,cuda:nccl", "cuda:nccl", "cpu:gloo")."""
+    if ":" not in backend:
+        return backend, None
+    halves = {}
+    for part in backend.split(","):
+        device, _, name = part.strip().partition(":")
+        if device not in _DEVICE_HALVES or name not in _DEVICE_HALVES[device] or device in halves:
+            raise InvalidArgumentError(
+                f"init_process_group: backend {backend!r}: expected 'device:backend' pairs with device in "
+                f"{tuple(_DEVICE_HALVES)} and backend one of {_DEVICE_HALVES}, each device once; got {part!r}")
+        halves[device] = name
+    if "cpu" not in halves:
+        return halves["cuda"], None  # "cuda:nccl": NCCL alone, as torch's
+    cuda = halves.get("cuda")
+    return halves["cpu"], None if cuda in (None, "gloo") else cuda
 
 
 def _group_timeout(timeout, what: str) -> datetime.timedelta:
@@ -212,12 +240,13 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if store is None and (init_method or "env://").startswith("env:"):
         slurm.fill_torch_env(backend)  # under srun: torch's RANK, MASTER_ADDR... from Slurm's, where unset
     backend = _default_backend() if backend is None else str(backend).lower()
+    world_backend, cuda_backend = _device_backends(backend)
     config = CommConfig.from_env()  # before any rendezvous: a bad variable fails at once, naming itself
     timeout = (datetime.timedelta(seconds=config.timeout_s) if timeout is None
                else _group_timeout(timeout, "init_process_group"))
     start = time.monotonic()
     try:
-        communicator = _make_communicator(backend, init_method, timeout, world_size, rank, store,
+        communicator = _make_communicator(world_backend, init_method, timeout, world_size, rank, store,
                                           start + timeout.total_seconds())
     except CommError:
         raise
@@ -242,13 +271,21 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         except (TimeoutError, PeerFailure) as error:  # a rank that left between connecting and this exchange
             communicator.close(abandon=True)
             raise _init_failure(error, backend, communicator.rank, timeout, time.monotonic() - start) from None
-    WORLD.default = Group(list(range(communicator.size)), communicator.rank, communicator, timeout, backend, "world")
+    WORLD.default = Group(list(range(communicator.size)), communicator.rank, communicator, timeout, world_backend,
+                          "world")
     WORLD.groups["world"] = WORLD.default
+    if cuda_backend is not None:  # one world for CPU and CUDA tensors, as torch's "cpu:gloo,cuda:nccl"
+        _offer_cuda_twin(WORLD.default, communicator, cuda_backend, backend)
     if config.torch_default_group:
         _make_torch_default(WORLD.default, communicator, timeout)
     if WORLD.config.profile_path:
         from .profiler import Profiler
         WORLD.observers.append(Profiler())
+
+
+def _offer_cuda_twin(group: Group, communicator, cuda_backend: str, backend_string: str) -> None:
+    from . import objects, staging  # both sit above the groups this module makes: late imports
+    staging.offer_cuda_twin(group, communicator.store, objects.all_gather_object, cuda_backend, backend_string)
 
 
 def _make_torch_default(world: Group, communicator, timeout: datetime.timedelta) -> None:
@@ -321,7 +358,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     if bad or len(set(members)) != len(members) or not members:
         raise InvalidArgumentError(f"rank {world.my_global_rank}: new_group: ranks {list(ranks or [])} must be "
                                    f"distinct global ranks in [0, {size}); offending: {bad or 'duplicates/empty'}")
-    if backend is not None and str(backend).lower() != world.backend:
+    if backend is not None and str(backend).lower() not in (world.backend, world.backend_string):
         raise UnsupportedError(f"rank {world.my_global_rank}: new_group: backend {backend!r} differs from the default "
                                f"group's {world.backend!r}; zerocomm groups share the default group's backend")
     timeout = world.timeout if timeout is None else _group_timeout(timeout, "new_group")
@@ -339,6 +376,8 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     topology.inherit(communicator, world.communicator, members)
     group = Group(members, members.index(world.my_global_rank), communicator, timeout, world.backend, name)
     WORLD.groups[name] = group
+    if world.twin_backend is not None:  # a subgroup of a CPU-and-CUDA world moves both, as its world does
+        _offer_cuda_twin(group, communicator, world.twin_backend, world.backend_string)
     from .c10d import handle_of  # c10d imports this module's users: a late import
     return handle_of(group)
 
@@ -374,7 +413,7 @@ def get_backend(group=None) -> td.Backend:
     if g is None:
         raise InvalidArgumentError(f"rank {WORLD.default.my_global_rank}: get_backend: Invalid process group "
                                    "specified (this process is not a member of the group)")
-    return td.Backend(g.backend)
+    return td.Backend(g.backend_string)
 
 
 def get_global_rank(group, group_rank: int) -> int:

@@ -56,40 +56,65 @@ _ROUTES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 class _NcclRoute:
     """A host group's NCCL twin, made at the group's first CUDA call once its members have shown one another
-    which GPU they hold (all members make that call, in the same order); ``None`` where two share one."""
+    which GPU they hold (all members make that call, in the same order); ``None`` where two share one.
 
-    def __init__(self, store, all_gather_object):
+    ``backend`` names the twin's backend: "nccl", or "nccl-standin" (NCCL's own methods over gloo and host
+    memory, ``backends.STAND_INS``), which tests the route on a machine without a GPU: it needs no GPU of
+    each member's own, so no GPUs are exchanged."""
+
+    def __init__(self, store, all_gather_object, backend: str = "nccl"):
         self.store = store
         self.all_gather_object = all_gather_object  # given by the caller: staging sits below the object collectives
+        self.backend = backend
         self.decided = False
         self.twin = None
 
     def resolve(self, group):
         if self.decided:
             return self.twin
-        all_gather_object = self.all_gather_object
-        device = torch.cuda.current_device()
-        mine = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
-        everyone = [None] * group.size()
-        all_gather_object(everyone, mine, group=group)
-        self.decided = True
-        if len(set(everyone)) == len(everyone):
-            from .backends.nccl import NcclBackend
-            from .group import WORLD, Group
+        from .backends import backend_class
+        from .group import WORLD, Group
 
-            communicator = NcclBackend(torch.distributed.PrefixStore(f"zerocomm-cuda/{group.name}/", self.store),
-                                       group.rank, group.size(), group.timeout, torch.device("cuda", device))
-            self.twin = Group(group.ranks, group.rank, communicator, group.timeout, "nccl", f"{group.name}-cuda")
-            WORLD.groups[self.twin.name] = self.twin  # closed with the world's other groups
+        store = torch.distributed.PrefixStore(f"zerocomm-cuda/{group.name}/", self.store)
+        if self.backend != "nccl":  # the stand-in: host tensors, nothing to exchange
+            communicator = backend_class(self.backend)(store, group.rank, group.size(), group.timeout)
+        else:
+            device = torch.cuda.current_device()
+            mine = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
+            everyone = [None] * group.size()
+            self.all_gather_object(everyone, mine, group=group)
+            if len(set(everyone)) != len(everyone):
+                self.decided = True
+                return None
+            communicator = backend_class("nccl")(store, group.rank, group.size(), group.timeout,
+                                                 torch.device("cuda", device))
+        self.decided = True
+        self.twin = Group(group.ranks, group.rank, communicator, group.timeout, self.backend, f"{group.name}-cuda")
+        WORLD.groups[self.twin.name] = self.twin  # closed with the world's other groups
         return self.twin
 
 
-def offer_nccl(group, store, all_gather_object) -> None:
+def offer_nccl(group, store, all_gather_object, backend: str = "nccl") -> None:
     """Let ``group`` (a host group) move CUDA tensors over NCCL, through ``store``, when every member has a GPU of
     its own (decided at its first CUDA call, the members' GPUs exchanged with ``all_gather_object``, zerocomm's);
-    staged through host memory otherwise."""
-    if torch.distributed.is_nccl_available() and torch.cuda.is_available():
-        _ROUTES[group] = _NcclRoute(store, all_gather_object)
+    staged through host memory otherwise.  ``backend="nccl-standin"`` makes the twin NCCL's stand-in (tests)."""
+    if backend != "nccl" or (torch.distributed.is_nccl_available() and torch.cuda.is_available()):
+        _ROUTES[group] = _NcclRoute(store, all_gather_object, backend)
+
+
+def offer_cuda_twin(group, store, all_gather_object, cuda_backend: str, backend_string: str) -> None:
+    """``group`` (a gloo group of a world made for CPU and CUDA tensors, "cpu:gloo,cuda:nccl") moves its CUDA
+    tensors through a ``cuda_backend`` twin (:func:`offer_nccl`) and answers ``backend_string`` to
+    ``get_backend``; its subgroups are made alike (``twin_backend``)."""
+    offer_nccl(group, store, all_gather_object, cuda_backend)
+    group.backend_string, group.twin_backend = backend_string, cuda_backend
+
+
+def cuda_twin(group):
+    """The group that moves ``group``'s CUDA tensors: its NCCL twin, made now if this is the first call that asks
+    (every member asks together), or ``None`` (staged through host memory, or ``group`` moves CUDA itself)."""
+    route = _ROUTES.get(group) if _ROUTES else None
+    return route.resolve(group) if route is not None else None
 
 
 def _resolved(group):
@@ -162,8 +187,7 @@ def retry(error: Exception, collective: Callable, args: Sequence, kwargs: dict, 
         raise error
     name = collective.__name__
     reads, writes, group_at = ROLES[name]
-    route = _ROUTES.get(_resolved(group)) if _ROUTES else None
-    twin = route.resolve(_resolved(group)) if route is not None else None
+    twin = cuda_twin(_resolved(group))
     if twin is not None:  # every member has a GPU of its own: NCCL moves the tensors as they are
         return collective(*args[:group_at], twin, *args[group_at + 1:], **kwargs)
     mirror = _Mirror()
@@ -194,4 +218,4 @@ def retry(error: Exception, collective: Callable, args: Sequence, kwargs: dict, 
     return Work(f"{name} (staged through host memory)", done, outputs, getattr(work, "_group", None))
 
 
-__all__ = ["retry", "host_group", "ROLES"]
+__all__ = ["retry", "host_group", "ROLES", "offer_nccl", "offer_cuda_twin", "cuda_twin"]
