@@ -37,7 +37,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: Each run's deadline of joining and of every collective: a stuck worker fails the run, not the session.
 WORLD_TIMEOUT_S = 60
 
-pytestmark = pytest.mark.timeout(300, method="signal")  # a last resort: teardown still shuts Ray down
+# A last resort (the two runs take 1-3 minutes here, by load); the fixture's teardown still shuts Ray down.
+pytestmark = pytest.mark.timeout(480, method="signal")
 
 
 def recipe_script() -> str:
@@ -62,6 +63,7 @@ def ray_cluster():
     with pytest.MonkeyPatch.context() as patch:
         for name, value in CLUSTER_ENV.items():
             patch.setenv(name, value)
+        patch.delenv("RAY_ADDRESS", raising=False)  # a cluster of this test's own, never one found running
         # Ray's local-only mode (its default on macOS): the node's address, which every worker and Ray Train's
         # rendezvous use, is 127.0.0.1 rather than this machine's network address.  Read while ray.init runs.
         patch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
@@ -69,7 +71,7 @@ def ray_cluster():
             try:
                 ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20, _temp_dir=folder,
                          log_to_driver=False)
-            except (RuntimeError, OSError, ValueError, ray.exceptions.RayError) as error:
+            except (RuntimeError, OSError, ray.exceptions.RayError) as error:
                 pytest.skip(f"Ray cannot start a local cluster here: {type(error).__name__}: {error}")
             # The loops below are this module's functions; Ray's workers cannot import it by name (pytest's sys.path).
             ray.cloudpickle.register_pickle_by_value(module)
@@ -145,7 +147,7 @@ def runs(ray_cluster, tmp_path_factory):
     here = os.getcwd()
     os.chdir(folder)  # the script's storage_path is ./ray_results
     try:
-        exec(compile("if True:\n" + main, "train_ray.py", "exec"), recipe)
+        exec(compile("if True:\n" + main, "train_ray.py", "exec"), recipe)  # the block, still indented
     finally:
         os.chdir(here)
     ours = recipe["result"]
