@@ -1,7 +1,8 @@
 """The layering of docs/architecture.md, enforced by parsing imports.
 
 ops imports neither comm nor zero; zero and benchmarks use only the public ``zerocomm.comm`` (never its
-backends, algorithms or other internal modules); comm never imports zero or benchmarks; and inside ``comm/``,
+backends, algorithms or other internal modules); integrations use only the public names of ``zerocomm.comm``
+and ``zerocomm.zero``; comm never imports zero or benchmarks; and inside ``comm/``,
 ``ops/``, ``zero/`` and ``benchmarks/`` no module imports, directly or through others, a module that imports
 it: every ``from . import x`` / ``from .x import y`` arrow counts, at module level or inside a function alike
 (a late import is still an arrow), and a circle is a failure naming its members and their arrows.
@@ -163,3 +164,38 @@ def test_a_circle_is_found():
     """The search itself: an arrow back up is reported."""
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+# -- integrations/: adapters for other frameworks ---------------------------------------------------------
+
+def _public_names(package: str) -> set:
+    import importlib
+    return set(importlib.import_module(package).__all__)
+
+
+@pytest.mark.parametrize("path", _files("integrations"), ids=str)
+def test_integrations_use_only_the_public_comm_and_zero_api(path):
+    """An adapter reaches zerocomm only through the public names of ``zerocomm.comm`` and ``zerocomm.zero``
+    (imported names, and attributes read on the imported module alike); the package's ``__init__`` imports
+    nothing, so ``import zerocomm.integrations`` never imports a framework."""
+    tree = ast.parse(path.read_text())
+    if path.name == "__init__.py":
+        assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], path
+        return
+    public = {package: _public_names(package) for package in ("zerocomm.comm", "zerocomm.zero")}
+    bad, aliases = [], {}
+    for name in _imports(path, "integrations"):
+        package, _, rest = name.rpartition(".")
+        if name.startswith("zerocomm.") and name not in public and not (package in public and rest in public[package]):
+            bad.append(name)
+    for node in ast.walk(tree):  # `import zerocomm.comm as dist` / `from zerocomm import comm as dist`
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in public})
+        elif isinstance(node, ast.ImportFrom) and node.module == "zerocomm":
+            aliases.update({a.asname or a.name: f"zerocomm.{a.name}" for a in node.names
+                            if f"zerocomm.{a.name}" in public})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            if node.attr not in public[aliases[node.value.id]]:
+                bad.append(f"{aliases[node.value.id]}.{node.attr}")
+    assert not bad, f"{path} reaches past the public API: {bad}"

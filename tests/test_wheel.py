@@ -23,7 +23,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("comm", "zero", "ops", "benchmarks")
 #: Modules that only an extra installs (mpi, cuda, zero, bench, docs, test): hidden in the venv.
-EXTRAS_ONLY = {"mpi4py", "cupy", "safetensors", "pytest_benchmark", "matplotlib", "pdoc", "pytest", "hypothesis"}
+EXTRAS_ONLY = {"mpi4py", "cupy", "safetensors", "pytest_benchmark", "matplotlib", "pdoc", "pytest", "hypothesis",
+               "ray"}
 
 pytestmark = pytest.mark.slow
 
@@ -106,6 +107,7 @@ def test_wheel_holds_the_zerocomm_package_and_every_data_file(wheel):
     missing = [name for name in data if f"zerocomm/{name}" not in names]
     assert not missing, f"non-Python files of the package left out of the wheel: {missing}"
     assert not any(name.startswith("zerocomm/tests/") or name.startswith("zerocomm/docs/") for name in names)
+    assert "zerocomm/integrations/ray.py" in names, "zerocomm.integrations is left out of the wheel"
 
 
 def test_wheel_holds_the_c_extension_where_a_compiler_is_found(wheel):

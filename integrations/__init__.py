@@ -1,0 +1,8 @@
+"""zerocomm.integrations: adapters that put zerocomm under other frameworks' own seams.
+
+Each module imports its framework and is imported only by the user's code that uses that framework; this
+package imports none of them.
+
+* ``zerocomm.integrations.ray``: ``ZerocommConfig``, a Ray Train ``TorchConfig`` whose workers join zerocomm's
+  world (torch's default group is then zerocomm's, backend ``"zerocomm"``), for ``TorchTrainer``.
+"""
