@@ -3,7 +3,8 @@
 ``import zerocomm.comm as dist`` gives torch.distributed's names, parameters,
 defaults and return values over three backends (gloo, mpi, nccl).  Every
 collective also takes zerocomm's keyword-only ``algorithm=`` ("native", "ring",
-"tree", "recursive_doubling", "auto").  See docs/ for the capability matrix.
+"tree", "recursive_doubling", "shm", "hierarchical", "auto"; 1-bit compression is
+all_reduce's ``compression="onebit"``).  See docs/ for the capability matrix.
 """
 from .api import (all_gather, all_gather_into_tensor, all_gather_single, reduce_scatter_single, all_reduce, all_to_all, all_to_all_single, barrier,
                   broadcast, compressed_all_reduce, count_bytes, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)

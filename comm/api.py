@@ -8,7 +8,8 @@ nothing queued, issued to the backend or queued on the group's executor otherwis
 calls (tensor type, layout, device, contiguity and size); one that fails that goes through the
 full checks, which raise the typed error naming what is wrong.  zerocomm's own options are
 keyword-only after torch's parameters: ``algorithm=`` (one of
-``comm.algorithms.ALGORITHM_CHOICES``: "native", "ring", "tree", "recursive_doubling", or "auto",
+``comm.algorithms.ALGORITHM_CHOICES``: "native", "ring", "tree", "recursive_doubling", "shm",
+"hierarchical", or "auto",
 the default) and, for all_reduce, ``compression="onebit"``.
 
 List arguments (``gather_list``, ``scatter_list``, ``all_gather``'s ``tensor_list``,

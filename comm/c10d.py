@@ -43,7 +43,7 @@ import torch
 import torch.distributed as td
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import api, compat, objects, p2p, staging
+from . import api, compat, environment, objects, p2p, staging
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import WORLD, Group
 from .work import Work
@@ -141,7 +141,7 @@ def create(dist_backend_opts, pg_options) -> "ZerocommProcessGroup":
         return handle
     if _owner is not None and _owner.communicator is not None:
         return _split_of_owner(dist_backend_opts, options)
-    transport = options.transport or os.environ.get("ZEROCOMM_TRANSPORT", "gloo").lower()
+    transport = options.transport or (environment.get("ZEROCOMM_TRANSPORT") or "gloo").lower()
     if transport not in TRANSPORTS:
         raise InvalidArgumentError(f"zerocomm c10d backend: ZEROCOMM_TRANSPORT must be one of {TRANSPORTS}, "
                                    f"got {transport!r}")

@@ -1,4 +1,4 @@
-"""Process-wide defaults of the comm layer, and the one place the environment is read.
+"""Process-wide defaults of the comm layer, read from the environment through ``environment.py``.
 
 Environment variables:
     ZEROCOMM_ALGORITHM      default ``algorithm=`` of every collective ("auto" if unset).
@@ -20,20 +20,14 @@ Environment variables:
     ZEROCOMM_TORCH_DEFAULT_GROUP  "0": ``init_process_group`` leaves torch's default process group alone
                             (by default it makes it stand for zerocomm's world).
 
-``init_process_group`` reads them (through :meth:`CommConfig.from_env`, the one place that
-does); ``configure`` changes the live configuration; ``destroy_process_group`` drops it.
-
-Variables of torch's that zerocomm honours as torch does, read here too:
-    GLOO_SOCKET_IFNAME      comma-separated network interfaces: every gloo communicator zerocomm makes binds
-                            one transport device to each, in order (:func:`gloo_socket_interfaces`), as
-                            torch's ``ProcessGroupGloo`` does; unset, gloo binds the address this host's name
-                            resolves to (loopback, with a warning, where it does not resolve).
+``init_process_group`` reads them (through :meth:`CommConfig.from_env`; ``environment.py`` is the one
+place the environment is read); ``configure`` changes the live configuration; ``destroy_process_group`` drops it.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 
+from . import environment
 from .algorithms import ALGORITHM_CHOICES
 from .errors import InvalidArgumentError
 
@@ -87,10 +81,10 @@ class CommConfig:
     @classmethod
     def from_env(cls, environ=None) -> "CommConfig":
         """The configuration the ``ZEROCOMM_*`` variables describe; a bad value names its variable."""
-        env = os.environ if environ is None else environ
+        env = environ
         fields = {}
         for variable, field, parse in _VARIABLES:
-            text = env.get(variable, "")
+            text = environment.get(variable, env)
             if text == "":
                 continue
             try:
@@ -101,7 +95,8 @@ class CommConfig:
             return cls(**fields)
         except InvalidArgumentError as error:
             variable = next(v for v, f, _ in _VARIABLES if str(error).startswith(f))
-            raise InvalidArgumentError(f"environment variable {variable}={env.get(variable)!r}: {error}") from None
+            raise InvalidArgumentError(f"environment variable {variable}={environment.get(variable, env)!r}: "
+                                       f"{error}") from None
 
 
 def _flag(text: str) -> bool:
@@ -121,12 +116,3 @@ _VARIABLES = (
     ("ZEROCOMM_TORCH_DEFAULT_GROUP", "torch_default_group", _flag),
 )
 
-
-def gloo_socket_interfaces(environ=None) -> tuple:
-    """The interfaces ``GLOO_SOCKET_IFNAME`` names, in order (empty: none named).  torch reads the variable at
-    each ``ProcessGroupGloo`` it makes, so it is read here at each communicator too, not once at init: a
-    program may set it between worlds.  torch ignores a value of one character; so does this."""
-    text = (os.environ if environ is None else environ).get("GLOO_SOCKET_IFNAME", "")
-    if len(text) <= 1:
-        return ()
-    return tuple(name.strip() for name in text.split(",") if name.strip())

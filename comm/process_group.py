@@ -452,7 +452,8 @@ GroupMember = _GroupMemberNamespace()
 
 
 def set_default_algorithm(algorithm: str) -> None:
-    """Default ``algorithm=`` of this world's calls ("native", "ring", "tree", "recursive_doubling", "auto").
+    """Default ``algorithm=`` of this world's calls ("native", "ring", "tree",
+    "recursive_doubling", "shm", "hierarchical", "auto").
 
     Like :func:`configure`, it changes the initialized world's configuration; before
     ``init_process_group`` it raises (set ``ZEROCOMM_ALGORITHM`` instead, which init reads).

@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from . import environment
 from .errors import UnsupportedError
 from .transport import Transport
 
@@ -35,7 +36,7 @@ _NAME_BYTES = 256
 
 def local_host() -> str:
     """This process's host name: ``$ZEROCOMM_HOST`` if set and not empty, else the hostname."""
-    return os.environ.get(HOST_ENV) or socket.gethostname()
+    return environment.get(HOST_ENV) or socket.gethostname()
 
 
 def hosts(t: Transport, *, tag: int, deadline: Optional[float], name: Optional[str] = None) -> tuple[str, ...]:

@@ -259,3 +259,34 @@ def test_torch_quickstart_trains_with_each_wrapper(strategy, tmp_path):
     script.write_text(_quickstart_script("quickstart-torch.md"))
     out = _torchrun(script, [strategy], tmp_path)
     assert len(_losses(out, f"{strategy} ")) == 2
+
+
+def test_readme_lists_the_c_extensions_setup_builds():
+    """The README's table of optional C extensions names exactly the modules setup.py builds."""
+    import ast
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    built = {node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and getattr(node.func, "id", None) == "Extension"}
+    section = (ROOT / "README.md").read_text().split("## Optional C extensions", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(zerocomm\.[\w.]+)`", section, re.M))
+    assert built and listed == built, (sorted(listed), sorted(built))
+
+
+def test_zerocomm_variables_are_read_in_one_place_and_documented_from_it():
+    """``comm/environment.py`` reads every ``ZEROCOMM_*`` variable of the library (no other module of comm/, zero/,
+    ops/ or integrations/ reads one), and the variables the user pages name are the ones it reads."""
+    from zerocomm.comm import environment
+    reads = re.compile(r"(?:environ(?:\.get)?|getenv)\(\s*[\"'](ZEROCOMM_\w+)|environ\[\s*[\"'](ZEROCOMM_\w+)")
+    for folder in ("comm", "zero", "ops", "integrations"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name == "environment.py":
+                continue
+            assert not reads.findall(path.read_text()), f"{path} reads a ZEROCOMM_ variable itself"
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    named = {name for page in pages for name in re.findall(r"ZEROCOMM_[A-Z][A-Z_]*[A-Z]", page.read_text())}
+    # The benchmark's and the test suite's own switches are documented where they are read, not by the library.
+    own = {"ZEROCOMM_BENCH_STANDIN", "ZEROCOMM_TORCH_SUITE", "ZEROCOMM_CLUSTER_JOB"}
+    assert named - own <= set(environment.VARIABLES), sorted(named - own - set(environment.VARIABLES))
+    config_doc = (ROOT / "comm" / "config.py").read_text()
+    for variable in ("ZEROCOMM_ALGORITHM", "ZEROCOMM_TIMEOUT", "ZEROCOMM_CHECK"):
+        assert variable in config_doc and variable in environment.VARIABLES

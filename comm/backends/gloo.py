@@ -21,7 +21,7 @@ import torch
 import torch.distributed as td
 
 from ...ops.reduce import finalize_
-from ..config import gloo_socket_interfaces
+from ..environment import gloo_socket_interfaces
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request, members_arrive

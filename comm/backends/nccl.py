@@ -25,7 +25,7 @@ import torch
 import torch.distributed as td
 
 from ...ops.reduce import finalize_
-from ..config import gloo_socket_interfaces
+from ..environment import gloo_socket_interfaces
 from ..transport import AGREE, DISAGREE, Backend, Request
 from .gloo import make_devices
 
