@@ -41,8 +41,9 @@ __all__ = ["ZerocommConfig"]
 
 logger = logging.getLogger(__name__)
 
-#: zerocomm backends a Ray worker can start (``"mpi"`` needs an MPI launcher, which Ray is not).
-BACKENDS = ("gloo", "nccl")
+#: zerocomm backends a Ray worker can start (``"mpi"`` needs an MPI launcher, which Ray is not); the last is one
+#: world for CPU and CUDA tensors, as torch's default on GPU machines.
+BACKENDS = ("gloo", "nccl", "cpu:gloo,cuda:nccl")
 #: How long the driver waits for the workers' ``destroy_process_group`` (Ray's own default for torch's).
 SHUTDOWN_TIMEOUT_S = 30.0
 
@@ -54,7 +55,8 @@ class ZerocommConfig(TorchConfig):
     The fields are ``TorchConfig``'s, read as zerocomm reads them."""
 
     backend: Optional[str] = None
-    """zerocomm's backend of the world: "gloo" (CPU tensors) or "nccl" (CUDA tensors).  None: ``TorchTrainer``
+    """zerocomm's backend of the world: "gloo" (CPU tensors), "nccl" (CUDA tensors) or "cpu:gloo,cuda:nccl"
+    (both, each over its own transport, as torch's default on GPU machines).  None: ``TorchTrainer``
     picks "nccl" when ``ScalingConfig(use_gpu=True)``, else "gloo".  torch's default group is named
     ``"zerocomm"`` either way."""
     init_method: str = "env"
