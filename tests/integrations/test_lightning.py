@@ -1,18 +1,21 @@
 """``zerocomm.integrations.lightning.ZeroStrategy`` against Lightning's own ``DDPStrategy``.
 
 Two torchrun launches of 2 CPU ranks each run the same tiny LightningModule (an MLP on fixed random data,
-no shuffling, AdamW with two parameter groups and a per-step LambdaLR): one with ``DDPStrategy`` on gloo
-(the reference, torch's own gradient all_reduce), one with ``ZeroStrategy`` at stages 2 and 3.  Lightning
-picks up torchrun's environment and starts no processes of its own.  Rank 0 writes each run's per-step
-losses (the mean over ranks, through ``trainer.strategy.reduce``) to a JSON file.  A sharded optimizer
-applies the same elementwise update to the same averaged gradient, so the losses agree to the rounding
-of the gradient reduction's order (rtol 1e-4; measured differences are printed by ``-s``).  A run resumed
-from a Lightning checkpoint (``ModelCheckpoint`` at stage 3, ``trainer.save_checkpoint`` at stage 2) into a
-module initialised from another seed repeats the uninterrupted run's second epoch.
+no shuffling, AdamW with two parameter groups and a per-step LambdaLR; SGD where noted): one with
+``DDPStrategy`` on gloo (the reference, torch's own gradient all_reduce), one with ``ZeroStrategy`` at stages 2
+and 3.  Lightning picks up torchrun's environment and starts no processes of its own.  Rank 0 writes each run's
+per-batch training losses (the mean over ranks, through ``trainer.strategy.reduce``) and each epoch's
+validation loss (``self.log(sync_dist=True)``) to a JSON file.  A sharded optimizer applies the same elementwise
+update to the same averaged gradient, so the losses agree to the rounding of the reduction's order (rtol 1e-4;
+``-s`` prints the tables).  A run resumed from a Lightning checkpoint (``ModelCheckpoint`` at stage 3,
+``trainer.save_checkpoint`` at stage 2) into a module initialised from another seed repeats the uninterrupted
+run's second epoch.  A single process (Lightning's own launcher, a world of one) checks what the strategy
+refuses, and docs/integrations/lightning.md's script runs as shown.
 """
 import importlib.util
 import json
 import math
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -31,11 +34,13 @@ SCRIPT = textwrap.dedent('''
     import sys
 
     import torch
+    import torch.distributed
     from torch import nn
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
     from lightning.pytorch.strategies import DDPStrategy
 
+    import zerocomm.zero as zero
     from zerocomm.integrations.lightning import ZeroStrategy
 
     OUT, CKPT, KIND = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -90,13 +95,17 @@ SCRIPT = textwrap.dedent('''
             self.validation.append(float(trainer.callback_metrics["val_loss"]))  # after each epoch
 
 
-    def fit(strategy, seed=1, optim="groups", epochs=EPOCHS, callbacks=(), ckpt_path=None, save=None, **options):
+    def fit(strategy, seed=1, optim="groups", epochs=EPOCHS, callbacks=(), ckpt_path=None, save=None, after=None,
+            **options):
         losses = Losses()
         trainer = pl.Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy=strategy, max_epochs=epochs,
                              logger=False, enable_progress_bar=False, enable_model_summary=False,
                              num_sanity_val_steps=0, limit_val_batches=2, enable_checkpointing=bool(callbacks),
                              callbacks=[losses, *callbacks], **options)
-        trainer.fit(MLP(seed, optim), data(), data(), ckpt_path=ckpt_path)
+        module = MLP(seed, optim)
+        trainer.fit(module, data(), data(), ckpt_path=ckpt_path)
+        if after:
+            after(strategy, module)
         if isinstance(strategy, ZeroStrategy):
             stages.append(strategy.zero_optimizer.stage)
             norms.append(strategy.zero_optimizer.last_grad_norm)  # computed when ZeRO clips
@@ -122,11 +131,24 @@ SCRIPT = textwrap.dedent('''
         runs["stage2_clipped"] = fit(ZeroStrategy(stage=2, config=STAGE2), optim="sgd", gradient_clip_val=0.2)
         # Resume at stage 3 from ModelCheckpoint's folder, at stage 2 from trainer.save_checkpoint's.
         every_epoch = ModelCheckpoint(dirpath=CKPT, filename="first", save_top_k=-1)
-        runs["stage3_first_epoch"] = fit(ZeroStrategy(stage=3, config=STAGE3), epochs=1, callbacks=[every_epoch])
+        gathered = {}
+
+        def gather(strategy, module):  # the trained stage 3 module, read as docs/integrations/lightning.md says
+            with strategy.zero_optimizer.gathered_parameters():
+                gathered.update({key: value.clone() for key, value in module.state_dict().items()})
+
+        runs["stage3_first_epoch"] = fit(ZeroStrategy(stage=3, config=STAGE3), epochs=1, callbacks=[every_epoch],
+                                         after=gather)
+        if torch.distributed.get_rank() == 0:  # consolidated, loaded into a plain module as the page shows
+            state_dict = zero.consolidate(f"{CKPT}/first.ckpt")
+            plain = MLP(seed=99)
+            plain.load_state_dict({key.removeprefix("module."): value for key, value in state_dict.items()})
+            runs["consolidated_gap"] = max(float((plain.state_dict()[key] - value).abs().max())
+                                           for key, value in gathered.items())
+            runs["consolidated_keys"] = sorted(state_dict)
         runs["stage3_resumed"] = fit(ZeroStrategy(stage=3, config=STAGE3), seed=7, ckpt_path=f"{CKPT}/first.ckpt")
         runs["stage2_first_epoch"] = fit(ZeroStrategy(stage=2, config=STAGE2), epochs=1, save=f"{CKPT}/manual.ckpt")
         runs["stage2_resumed"] = fit(ZeroStrategy(stage=2, config=STAGE2), seed=7, ckpt_path=f"{CKPT}/manual.ckpt")
-    import torch.distributed
     if torch.distributed.get_rank() == 0:
         runs["backend"] = torch.distributed.get_backend()
         runs["stages"], runs["norms"] = stages, norms
@@ -140,15 +162,21 @@ CHECKS = textwrap.dedent('''
     import json
     import sys
 
+    import zerocomm
+    import zerocomm.comm as dist
+    import zerocomm.integrations
+    import zerocomm.zero
+
+    FRAMEWORKS = ("lightning", "pytorch_lightning", "transformers", "ray", "deepspeed")
+    seen = {"frameworks_before": sorted(name for name in FRAMEWORKS if name in sys.modules)}
+
     import torch
     from torch import nn
     import lightning.pytorch as pl
 
-    import zerocomm.comm as dist
     from zerocomm.integrations.lightning import ZeroStrategy
 
     OUT, FOLDER = sys.argv[1], sys.argv[2]
-    seen = {}
 
 
     class Tiny(pl.LightningModule):
@@ -285,6 +313,17 @@ def test_resume_from_a_lightning_checkpoint_repeats_the_uninterrupted_run(runs, 
     assert _relative_gap(resumed["validation"], whole["validation"][1:]) <= 1e-6, resumed
 
 
+@pytest.mark.timeout(600)
+def test_consolidated_checkpoint_is_the_trained_module(runs):
+    """zero.consolidate of a ModelCheckpoint folder, loaded into a plain module with the "module." prefix removed,
+    holds the parameters the trained stage 3 module shows inside gathered_parameters()."""
+    zero = runs["zero"]
+    assert zero["consolidated_keys"] == sorted(["module.gain", "module.net.0.bias", "module.net.0.weight",
+                                                "module.net.2.bias", "module.net.2.weight", "module.net.4.bias",
+                                                "module.net.4.weight"])
+    assert zero["consolidated_gap"] == 0.0
+
+
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory):
     """What the single-process script (Lightning's own launcher, one rank) saw."""
@@ -328,12 +367,55 @@ def test_a_world_of_one_from_a_json_config_file(checks):
     assert (checks["fit_stage"], checks["fit_clipping"], checks["world"]) == (3, 0.5, [1, "zerocomm"])
 
 
-def test_importing_zerocomm_imports_no_framework():
+
+@pytest.mark.timeout(600)
+def test_importing_zerocomm_imports_no_framework(checks):
     """zerocomm, its layers and the integrations package import no framework; only the integration module does."""
-    probe = ("import sys, zerocomm, zerocomm.comm, zerocomm.zero, zerocomm.integrations\n"
-             "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'ray', 'deepspeed') "
-             "if m in sys.modules))\n"
-             "import zerocomm.integrations.lightning\n"
-             "print('lightning' in sys.modules)\n")
-    done = launch([sys.executable, "-c", probe], Path.cwd(), timeout=120, env=clean_env(CUDA_VISIBLE_DEVICES=""))
-    assert done.returncode == 0 and done.stdout.split() == ["[]", "True"], done.stdout[-4000:]
+    assert checks["frameworks_before"] == []
+
+# -- the page's script ----------------------------------------------------------------------------------------
+
+PAGE = Path(__file__).parents[2] / "docs" / "integrations" / "lightning.md"
+
+
+def _page_scripts() -> tuple:
+    """The page's "before" (DeepSpeed) and "after" (ZeroStrategy) scripts."""
+    text = PAGE.read_text()
+    after = re.search(r"<!-- lightning-script -->\s*```python\n(.*?)```", text, re.S)
+    assert after, f"{PAGE.name} has no python block after <!-- lightning-script -->"
+    before = re.search(r"## Before.*?```python\n(.*?)```", text, re.S)
+    return before.group(1), after.group(1)
+
+
+def test_page_shows_the_change_from_deepspeed():
+    """Both scripts compile, and they differ only in the lines the page says changed."""
+    before, after = _page_scripts()
+    compile(before, "before.py", "exec")
+    compile(after, "after.py", "exec")
+    assert 'strategy="deepspeed_stage_3"' in before and "strategy=ZeroStrategy(stage=3" in after
+    changed = set(before.splitlines()) ^ set(after.splitlines())
+    assert all(re.search(r"strategy|precision|accelerator|ZeroStrategy|^# train.py|^$", line) for line in changed), \
+        changed
+
+
+@pytest.mark.timeout(600)
+def test_page_script_trains_and_checkpoints(tmp_path):
+    """The page's script, verbatim, at 2 CPU ranks under torchrun: two epochs of 32 steps, a finite loss printed
+    by rank 0, and checkpoints/last.ckpt in ZeRO's layout holding only its newest step."""
+    (tmp_path / "train.py").write_text(_page_scripts()[1])
+    done = launch([tool("torchrun"), "--standalone", "--nproc-per-node", "2", "train.py"], tmp_path, timeout=240,
+                  env=clean_env(CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 0, done.stdout[-6000:]
+    printed = re.findall(r"^final train_loss ([-\d.naninf]+)$", done.stdout, re.M)
+    assert len(printed) == 1 and math.isfinite(float(printed[0])), done.stdout[-4000:]
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert sorted(p.name for p in last.iterdir()) == ["latest", "step-00000064"], sorted(last.iterdir())
+    assert (last / "latest").read_text() == "step-00000064"
+
+
+def test_page_links_resolve_and_it_is_written_for_users():
+    """As tests/test_docs.py asks of the pages in docs/: relative links point at files, no tracker talk."""
+    text = PAGE.read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert targets and all((PAGE.parent / target).exists() for target in targets if "://" not in target), targets
+    assert not re.search(r"\bissues? #?\d+|\bbars?\b|\bsessions?\b", text, re.I)
