@@ -230,6 +230,9 @@ CHECKS = textwrap.dedent('''
     seen["fit_stage"] = strategy.zero_optimizer.stage
     seen["fit_clipping"] = strategy.zero_optimizer.config.gradient_clipping
     seen["world"] = [dist.get_world_size(), torch.distributed.get_backend()]
+    fp16 = ZeroStrategy(stage=3, config={"fp16": {"enabled": True}})  # ZeRO's loss scale, once per training_step
+    record("fp16", lambda: trainer(fp16).fit(Tiny(), data()))
+    seen["fp16_steps"] = [fp16.zero_optimizer.step_count, fp16.zero_optimizer.skipped_steps]
     record("partial_cycle", lambda: trainer(ZeroStrategy(stage=2), accumulate_grad_batches=3).fit(Tiny(), data()))
     torch.save({"state_dict": {}}, f"{FOLDER}/plain.ckpt")
     record("file_checkpoint", lambda: trainer(ZeroStrategy(stage=2)).fit(Tiny(), data(),
@@ -362,8 +365,11 @@ def test_refusals_are_typed_and_name_what_was_refused(checks, case):
 @pytest.mark.timeout(600)
 def test_a_world_of_one_from_a_json_config_file(checks):
     """Without torchrun, Lightning's own environment gives zerocomm a world of one; the config's path is read
-    (stage 3) and the Trainer's gradient_clip_val reaches ZeRO."""
-    assert checks["fit"] == "no error"
+    (stage 3) and the Trainer's gradient_clip_val reaches ZeRO; the config's fp16 trains (overflowing steps
+    skipped)."""
+    assert checks["fit"] == "no error" and checks["fp16"] == "no error"
+    steps, skipped = checks["fp16_steps"]  # 8 batches: the first ones may overflow at the initial scale, 2**16
+    assert steps + skipped == 8 and steps >= 4, checks["fp16_steps"]
     assert (checks["fit_stage"], checks["fit_clipping"], checks["world"]) == (3, 0.5, [1, "zerocomm"])
 
 
