@@ -10,7 +10,8 @@ layout, the sampler, the launcher and the collectives Lightning itself calls), a
 * **process group**: ``zerocomm.comm.init_process_group`` (gloo, MPI or NCCL, picked as zerocomm picks
   them); torch's default group then stands for zerocomm's world, so Lightning's ``barrier``, ``broadcast``
   and ``reduce`` (``self.log(..., sync_dist=True)``) run through zerocomm (``process_group_backend`` is
-  ``"zerocomm"``);
+  ``"zerocomm"``); ``reduce`` takes the mean of an integer tensor (Lightning's batch counts) as a sum divided
+  by the world size, as Lightning does on gloo, since zerocomm refuses an integer AVG;
 * **setup**: no DDP wrapper; ``zerocomm.zero.initialize`` shards the module and builds the ``ZeroOptimizer``
   that Lightning steps, from the LightningModule's ``configure_optimizers`` or, when the config has an
   ``optimizer`` section, from the config (``configure_optimizers`` is then not called, as with DeepSpeed);
