@@ -5,4 +5,6 @@ package imports none of them.
 
 * ``zerocomm.integrations.ray``: ``ZerocommConfig``, a Ray Train ``TorchConfig`` whose workers join zerocomm's
   world (torch's default group is then zerocomm's, backend ``"zerocomm"``), for ``TorchTrainer``.
+* ``zerocomm.integrations.lightning``: ``ZeroStrategy``, a PyTorch Lightning strategy that trains with
+  ``zerocomm.zero``'s stages 1-3 and saves and resumes their sharded state through Lightning's checkpoints.
 """
