@@ -1,0 +1,1 @@
+"""zerocomm.integrations: adapters for training frameworks; each module is imported only by the user who wants it."""
