@@ -199,3 +199,31 @@ def test_the_package_imports_no_deepspeed():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deepspeed'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+# -- the page --------------------------------------------------------------------------------------------------
+PAGE = ROOT / "docs" / "integrations" / "deepspeed.md"
+
+
+def _block(marker: str) -> str:
+    import re
+
+    match = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```", PAGE.read_text(), re.S)
+    assert match, f"{PAGE.name} has no python block after <!-- {marker} -->"
+    return match.group(1)
+
+
+def test_page_shows_the_tested_script_before_and_after():
+    """The page's "before" is the script the tests run (without its docstring), and "after" differs from it by the
+    import line alone."""
+    script = (SCRIPTS / "ds_getting_started.py").read_text()
+    body = script[script.index('"""\n', 3) + 4:].lstrip("\n")
+    assert _block("deepspeed-before") == body
+    assert _block("deepspeed-after") == body.replace(ORIGINAL_IMPORT, CHANGED_IMPORT)
+
+
+def test_page_links_resolve():
+    import re
+
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", PAGE.read_text())
+    assert targets and all((PAGE.parent / t).exists() for t in targets if "://" not in t), targets
