@@ -29,6 +29,7 @@ back-propagates ``loss * k``.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
@@ -135,7 +136,10 @@ def _optimizer_factory(optimizer, model_parameters):
         if optimizer.state:
             raise ZeroConfigError(f"initialize: the {type(optimizer).__name__} passed has state already (it has "
                                   f"stepped); pass a fresh one or a callable params -> optimizer")
-        cls, defaults = type(optimizer), dict(optimizer.defaults)
+        cls = type(optimizer)
+        # defaults can hold keys the constructor does not take (AdamW inherits Adam's decoupled_weight_decay)
+        accepted = inspect.signature(cls.__init__).parameters
+        defaults = {key: value for key, value in optimizer.defaults.items() if key in accepted}
         groups = [{key: value for key, value in group.items()} for group in optimizer.param_groups]
 
         def factory(shard_groups):
@@ -363,12 +367,6 @@ class DeepSpeedEngine(nn.Module):
             tag = latest.read_text().strip()
         path, client_state = self.optimizer.load(root / str(tag))
         return path, client_state if client_state is not None else {}
-
-    # -- the wrapped module ----------------------------------------------------------------------------
-    def module_state_dict(self) -> dict:
-        """The module's full ``state_dict`` (stage 3 gathers the parameters for it); every rank calls it."""
-        with self.optimizer.gathered_parameters():
-            return {key: value.detach().clone() for key, value in self.module.state_dict().items()}
 
 
 class PipelineModule(nn.Module):

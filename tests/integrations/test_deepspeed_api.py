@@ -7,7 +7,8 @@ process, see scripts/run_scripts.py, to pay for ``import torch`` once):
    3 with gradient accumulation 2, saving a checkpoint half way; and the same loop written with
    ``zerocomm.zero.initialize`` (scripts/zero_loop.py): the losses must be equal, step for step;
 2. the script again, resuming from those checkpoints: its losses must equal the uninterrupted run's, and
-   ``client_state`` comes back;
+   ``client_state`` comes back; and scripts/ds_variants.py (a torch optimizer object, ``collate_fn``, a
+   scheduler passed in, explicit checkpoint tags);
 3. scripts/zero_init.py: a model built under ``deepspeed.zero.Init`` (allocations counted by torch's profiler),
    trained against the same model built normally; ``GatheredParameters``; refusals that need ranks.
 
@@ -57,7 +58,7 @@ def _torchrun(tmp: Path, plan: list) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Launches 1 and 2: {"ds2", "ds3", "ref2", "ref3", "resume2", "resume3"} -> the rank-0 report."""
+    """Launches 1 and 2: {"ds2", "ds3", "ref2", "ref3", "resume2", "resume3", "variants"} -> the rank-0 report."""
     tmp = tmp_path_factory.mktemp("deepspeed_api")
     script = (SCRIPTS / "ds_getting_started.py").read_text()
     assert script.count(ORIGINAL_IMPORT) == 1
@@ -72,10 +73,12 @@ def runs(tmp_path_factory):
         first.append([str(SCRIPTS / "zero_loop.py"), str(tmp / f"ds{stage}.json"), str(tmp / f"ref{stage}.out")])
         second.append([str(changed), *ds_args, "--out", str(tmp / f"resume{stage}.out"),
                        "--load_dir", str(tmp / f"ckpt{stage}")])
+    second.append([str(SCRIPTS / "ds_variants.py"), str(tmp / "ds3.json"), str(tmp / "variants.out"),
+                   str(tmp / "ckpt-tags")])
     _torchrun(tmp, first)
     _torchrun(tmp, second)
     out = {name: json.loads((tmp / f"{name}.out").read_text())
-           for name in ("ds2", "ds3", "ref2", "ref3", "resume2", "resume3")}
+           for name in ("ds2", "ds3", "ref2", "ref3", "resume2", "resume3", "variants")}
     out["tmp"] = tmp
     return out
 
@@ -110,6 +113,20 @@ def test_resume_from_save_checkpoint_equals_the_uninterrupted_run(runs, stage):
     assert (ckpt / f"global_step{SAVE_AT // 2}").is_dir()
 
 
+def test_initialize_argument_forms(runs):
+    """A torch AdamW built over the model's parameters trains exactly as the config's AdamW section; a scheduler
+    passed as a callable is the engine's and is stepped once per optimizer step (StepLR, gamma 0.5: lr 0.01 x
+    0.5^4 after 4 steps); explicit tags load by name, ``save_latest=False`` leaves ``latest`` alone, and a folder
+    without ``latest`` gives (None, None)."""
+    v = runs["variants"]
+    assert v["torch_optimizer_losses"] == runs["ds3"]["losses"]
+    assert v["optimizer_class"] == "AdamW" and v["collate_calls"] == [8]
+    assert v["step_lr"] == {"lr": [0.01 * 0.5 ** 4], "global_steps": 4, "is_engine_scheduler": True, "last_epoch": 4}
+    assert v["load_latest"] == {"client_state": {"k": [1, 2]}, "global_steps": 4, "lr": [0.01 * 0.5 ** 4]}
+    assert v["load_tag"] == {"client_state": {"k": "other"}}
+    assert v["load_missing"] == [None, None]
+
+
 @pytest.fixture(scope="module")
 def init_report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("deepspeed_init")
@@ -138,6 +155,7 @@ def test_zero_init_model_trains_as_the_ordinary_one(init_report):
     assert r["stage3_init_losses"] == r["stage3_plain_losses"]
     assert r["stage3_params_equal"], r["stage3_param_max_diff"]
     assert r["stage2_init_losses"] == r["stage2_plain_losses"]  # stage 2 gathers Init's parameters whole
+    assert r["bf16_init_losses"] == r["bf16_plain_losses"] and r["bf16_masters_equal"]
 
 
 def test_gathered_parameters(init_report):

@@ -1,6 +1,6 @@
 """``deepspeed.zero.Init`` on 2 ranks: the bytes a rank allocates while it builds a model under Init and
 ``initialize`` takes it into ZeRO-3, against the same without Init; training from the Init-built model
-against the ordinary one (stage 3, and stage 2 where Init's parameters are gathered whole);
+against the ordinary one (stage 3 in float32 and bf16, and stage 2 where Init's parameters are gathered whole);
 ``GatheredParameters`` before and after ``initialize``; refusals that need a process group.
 
 Memory is counted by torch's profiler (``profile_memory=True``): every allocation and free of this
@@ -43,9 +43,9 @@ def make(layers=LAYERS, width=WIDTH):
     return Stack(layers, width)
 
 
-def config(stage):
+def config(stage, bf16=False):
     return {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "bf16": {"enabled": bf16},
             "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 2048}}
 
 
@@ -58,7 +58,7 @@ def allocated(prof) -> tuple[int, int]:
     return peak, running
 
 
-def build(stage, init, layers=LAYERS, width=WIDTH, edit=False):
+def build(stage, init, layers=LAYERS, width=WIDTH, edit=False, bf16=False):
     """(engine, {"build": peak bytes while the model is made, "held": bytes it holds then, "initialize": peak
     bytes, counted from before the model was made, while initialize sets ZeRO up})."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -76,7 +76,7 @@ def build(stage, init, layers=LAYERS, width=WIDTH, edit=False):
                     net.layers[0].weight.mul_(0.5)
     build_peak, held = allocated(prof)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        engine, _, _, _ = deepspeed.initialize(model=net, config=config(stage))
+        engine, _, _, _ = deepspeed.initialize(model=net, config=config(stage, bf16))
     init_peak, _ = allocated(prof)
     return engine, {"build": build_peak, "held": held, "initialize": held + init_peak}
 
@@ -126,6 +126,14 @@ small_init, _ = build(2, init=True, layers=3, width=64)
 small_plain, _ = build(2, init=False, layers=3, width=64)
 report["stage2_init_losses"] = train(small_init, width=64)
 report["stage2_plain_losses"] = train(small_plain, width=64)
+
+# bf16: the float32 masters come from the unit buffers as they are gathered, not from the rounded parameters
+small_init, _ = build(3, init=True, layers=3, width=64, bf16=True)
+small_plain, _ = build(3, init=False, layers=3, width=64, bf16=True)
+report["bf16_init_losses"] = train(small_init, width=64)
+report["bf16_plain_losses"] = train(small_plain, width=64)
+report["bf16_masters_equal"] = all(torch.equal(a, b) for a, b in zip(small_init.optimizer.master,
+                                                                     small_plain.optimizer.master))
 
 refusals = {}
 try:
