@@ -14,8 +14,9 @@ constructors are restored when the block ends.
 
 ``initialize`` (deepspeed.py) hands such a model to ``zerocomm.zero.initialize`` with ``InitSource`` as its
 ``param_source``: stage 3 asks for one unit's parameters at a time, each is all-gathered from its chunks into the
-unit's buffer, this rank's slice of the unit is kept and the rest freed, and the parameter's Init chunk is
-dropped.  So no rank ever holds the whole model: at most its shards plus one unit.  Stages 0-2 keep every
+unit's buffer, this rank's slice of the unit is kept (in a shard tensor allocated for that unit) and the rest
+freed, and the parameter's Init chunk is dropped.  So no rank ever holds the whole model: at most its shards
+plus about two units.  Stages 0-2 keep every
 parameter on every rank anyway; there each parameter is gathered whole.
 
 A parameter whose values are needed while the model is built (a tied weight initialized by the parent, a

@@ -92,7 +92,8 @@ class ShardedParameters:
         self.group, self.algorithm, self.config = group, config.algorithm, config
         self.dtype = dtype
         self.device = device = full32.device if full32 is not None else self.params[0].device
-        self.store = build_param_store(config, self.layouts, dtype=dtype, device=device, rank=rank)
+        by_unit = {"by_unit": True} if source is not None else {}  # filled unit by unit: no whole shard reserved
+        self.store = build_param_store(config, self.layouts, dtype=dtype, device=device, rank=rank, **by_unit)
         """Where this rank's shard lives (offload_param.py)."""
         self.full: list[torch.Tensor] = []
         self._state: list[UnitState] = []

@@ -60,7 +60,7 @@ def allocated(prof) -> tuple[int, int]:
 
 def build(stage, init, layers=LAYERS, width=WIDTH, edit=False, bf16=False):
     """(engine, {"build": peak bytes while the model is made, "held": bytes it holds then, "initialize": peak
-    bytes, counted from before the model was made, while initialize sets ZeRO up})."""
+    bytes, counted from before the model was made, while initialize sets ZeRO up, "end": bytes held after it})."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         if init:
             with deepspeed.zero.Init():
@@ -77,8 +77,8 @@ def build(stage, init, layers=LAYERS, width=WIDTH, edit=False, bf16=False):
     build_peak, held = allocated(prof)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         engine, _, _, _ = deepspeed.initialize(model=net, config=config(stage, bf16))
-    init_peak, _ = allocated(prof)
-    return engine, {"build": build_peak, "held": held, "initialize": held + init_peak}
+    init_peak, init_final = allocated(prof)
+    return engine, {"build": build_peak, "held": held, "initialize": held + init_peak, "end": held + init_final}
 
 
 def train(engine, micro_steps=4, width=WIDTH):
