@@ -130,7 +130,7 @@ def test_initialize_argument_forms(runs):
 @pytest.fixture(scope="module")
 def init_report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("deepspeed_init")
-    _torchrun(tmp, [[str(SCRIPTS / "zero_init.py"), str(tmp / "init.out")]])
+    _torchrun(tmp, [[str(SCRIPTS / "zero_init.py"), str(tmp / "init.out"), str(tmp / "ckpt")]])
     return json.loads((tmp / "init.out").read_text())
 
 
@@ -157,6 +157,8 @@ def test_zero_init_model_trains_as_the_ordinary_one(init_report):
     assert r["stage3_params_equal"], r["stage3_param_max_diff"]
     assert r["stage2_init_losses"] == r["stage2_plain_losses"]  # stage 2 gathers Init's parameters whole
     assert r["bf16_init_losses"] == r["bf16_plain_losses"] and r["bf16_masters_equal"]
+    init_losses, plain_losses = r["bf16_after_load_losses"]  # the ordinary engine's checkpoint, loaded into Init's
+    assert r["bf16_loaded_masters_equal"] and init_losses == plain_losses
 
 
 def test_gathered_parameters(init_report):

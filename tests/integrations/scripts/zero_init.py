@@ -6,7 +6,7 @@ against the ordinary one (stage 3 in float32 and bf16, and stage 2 where Init's 
 Memory is counted by torch's profiler (``profile_memory=True``): every allocation and free of this
 thread's CPU tensors, in time order; the peak is the largest running sum over the window.
 
-Launch: torchrun --nproc-per-node 2 zero_init.py OUT.json
+Launch: torchrun --nproc-per-node 2 zero_init.py OUT.json CHECKPOINT_FOLDER
 """
 import json
 import sys
@@ -134,6 +134,15 @@ report["bf16_init_losses"] = train(small_init, width=64)
 report["bf16_plain_losses"] = train(small_plain, width=64)
 report["bf16_masters_equal"] = all(torch.equal(a, b) for a, b in zip(small_init.optimizer.master,
                                                                      small_plain.optimizer.master))
+# a checkpoint of the ordinary engine loads into the Init-built one (its shards live one tensor per unit)
+folder = sys.argv[2]
+train(small_plain, micro_steps=2, width=64)  # one step ahead of the Init-built engine: the load must change it
+small_plain.save_checkpoint(folder)
+small_init.load_checkpoint(folder)
+report["bf16_loaded_masters_equal"] = all(torch.equal(a, b) for a, b in zip(small_init.optimizer.master,
+                                                                            small_plain.optimizer.master))
+report["bf16_after_load_losses"] = [train(small_init, micro_steps=2, width=64),
+                                    train(small_plain, micro_steps=2, width=64)]
 
 refusals = {}
 try:
