@@ -125,6 +125,8 @@ def test_initialize_argument_forms(runs):
     assert v["load_latest"] == {"client_state": {"k": [1, 2]}, "global_steps": 4, "lr": [0.01 * 0.5 ** 4]}
     assert v["load_tag"] == {"client_state": {"k": "other"}}
     assert v["load_missing"] == [None, None]
+    # the update is the mean gradient of the cycle's micro-batches over the ranks (a sum would be 2x, 4x off)
+    assert v["sgd_step_max_error"] <= 1e-6 < v["sgd_step_size"] / 10, v
 
 
 @pytest.fixture(scope="module")

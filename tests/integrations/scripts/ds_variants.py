@@ -1,7 +1,8 @@
 """The other forms of ``deepspeed.initialize``'s arguments, on the model and data of ds_getting_started.py:
 a torch optimizer built over the model's parameters (instead of the config's optimizer section), a
 ``collate_fn``, a ``lr_scheduler`` passed as a callable, checkpoints under an explicit tag, and a load from a
-folder without ``latest``.
+folder without ``latest``; and one SGD step under gradient accumulation against a reference computed on one
+process.
 
 Launch: torchrun --nproc-per-node 2 ds_variants.py CONFIG.json OUT.json FOLDER   (CONFIG: stage 3, gas 2, a scheduler
 section and an AdamW optimizer section, which this script takes out and passes as objects instead)
@@ -90,6 +91,41 @@ report["load_latest"] = {"client_state": client, "global_steps": fresh.global_st
 path, client = fresh.load_checkpoint(folder, tag="other")
 report["load_tag"] = {"client_state": client}
 report["load_missing"] = list(fresh.load_checkpoint(folder + "-missing"))
+
+# gradient accumulation against an independent reference: one SGD step (lr 0.1, accumulation 2, 2 ranks) must
+# move the parameters by -0.1 x the mean gradient of the 4 micro-batches the ranks saw, computed here on one
+# process from the same sampler's indices
+sgd_config = {**ds_config, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+torch.manual_seed(0)
+net = Net()
+reference = Net()
+reference.load_state_dict(net.state_dict())
+engine, _, loader, _ = deepspeed.initialize(model=net, config=sgd_config, training_data=data())
+loader.sampler.set_epoch(0)
+batches = iter(loader)
+for _ in range(2):
+    inputs, labels = next(batches)
+    engine.backward(torch.nn.functional.cross_entropy(engine(inputs), labels))
+    engine.step()
+dataset, world = data(), engine.world_size
+grads = [torch.zeros_like(p) for p in reference.parameters()]
+for r in range(world):
+    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world, rank=r)
+    sampler.set_epoch(0)
+    indices = list(sampler)
+    for m in range(2):
+        x, y = dataset[indices[8 * m:8 * (m + 1)]]
+        reference.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        for g, p in zip(grads, reference.parameters()):
+            g += p.grad / (2 * world)
+with torch.no_grad():
+    for g, p in zip(grads, reference.parameters()):
+        p -= 0.1 * g
+with deepspeed.zero.GatheredParameters(list(net.parameters())):
+    report["sgd_step_max_error"] = max((a - b).abs().max().item() for a, b in zip(net.parameters(),
+                                                                                  reference.parameters()))
+    report["sgd_step_size"] = max(g.abs().max().item() * 0.1 for g in grads)
 if engine.global_rank == 0:
     with open(out, "w") as f:
         json.dump(report, f)
