@@ -7,4 +7,6 @@ package imports none of them.
   world (torch's default group is then zerocomm's, backend ``"zerocomm"``), for ``TorchTrainer``.
 * ``zerocomm.integrations.lightning``: ``ZeroStrategy``, a PyTorch Lightning strategy that trains with
   ``zerocomm.zero``'s stages 1-3 and saves and resumes their sharded state through Lightning's checkpoints.
+* ``zerocomm.integrations.deepspeed`` (also ``zerocomm.deepspeed``): DeepSpeed's engine API (``initialize``,
+  the engine, ``zero.Init``, ``zero.GatheredParameters``), so a DeepSpeed script runs with its import changed.
 """

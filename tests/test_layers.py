@@ -46,7 +46,7 @@ def test_ops_imports_no_comm_or_zero(path):
     assert not bad, f"{path}: {bad}"
 
 
-@pytest.mark.parametrize("path", _files("zero") + _files("benchmarks"), ids=str)
+@pytest.mark.parametrize("path", _files("zero") + _files("benchmarks") + _files("integrations"), ids=str)
 def test_zero_and_benchmarks_use_only_the_public_comm_api(path):
     bad = [n for n in _imports(path, "") if n.startswith("zerocomm.comm.")
            and not n.split(".")[2] in {"__init__"} and n.count(".") >= 2

@@ -29,6 +29,7 @@ from .. import comm as dist
 from .config import ZeroConfig
 from .errors import ZeroConfigError
 from .optimizer import OptimizerFactory, ZeroOptimizer
+from .param_source import ParamSource
 
 
 def as_config(config: Union[ZeroConfig, Mapping[str, Any], None], *, world_size: Optional[int] = None,
@@ -48,7 +49,8 @@ def as_config(config: Union[ZeroConfig, Mapping[str, Any], None], *, world_size:
 
 def initialize(model: nn.Module, optimizer: Optional[OptimizerFactory] = None,
                config: Union[ZeroConfig, Mapping[str, Any], None] = None, *,
-               model_parameters: Optional[Iterable] = None, group=None) -> tuple[nn.Module, ZeroOptimizer]:
+               model_parameters: Optional[Iterable] = None, group=None,
+               param_source: Optional[ParamSource] = None) -> tuple[nn.Module, ZeroOptimizer]:
     """Shard ``model``'s training state across ``group`` (default: the world) with the configured stage.
 
     Every rank of ``group`` calls it with the same model structure; parameters and buffers are
@@ -65,9 +67,17 @@ def initialize(model: nn.Module, optimizer: Optional[OptimizerFactory] = None,
     hyperparameters that override the optimizer's for that group); default: every parameter that
     requires grad, in one group.  A bucket never mixes groups.
 
+    ``param_source``: for a model whose parameters do not hold their values (built under
+    ``zerocomm.deepspeed.zero.Init``), where they are (param_source.py); stage 3 then reads one unit at a
+    time, so no rank holds the whole model.  Its values are used as they are (no broadcast from rank 0).
+
     Returns ``(model, optimizer)``: the same module, and a ``ZeroOptimizer`` (a ``torch.optim.Optimizer``).
     """
     config = as_config(config, world_size=dist.get_world_size(group), model=model)
     if not isinstance(model, nn.Module):
         raise ZeroConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return model, ZeroOptimizer(model, optimizer, config, group, model_parameters=model_parameters)
+    if param_source is not None and not isinstance(param_source, ParamSource):
+        raise ZeroConfigError(f"param_source must have a gather_into(params, outs) method, got "
+                              f"{type(param_source).__name__}")
+    return model, ZeroOptimizer(model, optimizer, config, group, model_parameters=model_parameters,
+                                param_source=param_source)

@@ -4,7 +4,8 @@
 ``build_param_store``:
 
 * ``MemoryShards``: one flat tensor on the parameters' device (``none``; and ``cpu`` for a CPU model, whose
-  parameters are in host memory already);
+  parameters are in host memory already); ``UnitShards`` instead, one tensor per unit, for a model whose values
+  arrive one unit at a time (``initialize(param_source=...)``);
 * ``HostShards``: one flat tensor in (pinned) host memory beside a CUDA model (``cpu``); each gather first
   copies the unit's shard host -> device, asynchronously on the current stream, so the all_gather after it
   reads the copy in order;
@@ -45,8 +46,10 @@ _log = logging.getLogger("zerocomm.zero")
 
 
 def build_param_store(config, layouts: Sequence[BucketLayout], *, dtype: torch.dtype, device: torch.device,
-                      rank: int):
-    """The store for ``config.offload_param`` (stage 3; see the module docstring)."""
+                      rank: int, by_unit: bool = False):
+    """The store for ``config.offload_param`` (stage 3; see the module docstring).  ``by_unit``: the shards will be
+    written unit by unit from values that arrive one unit at a time (param_source.py); in memory beside the model
+    they then get one tensor per unit, allocated at its first write (``UnitShards``)."""
     numels = [layout.chunk_numel for layout in layouts]
     if config.offload_param == "nvme":
         if device.type != "cpu":
@@ -57,6 +60,8 @@ def build_param_store(config, layouts: Sequence[BucketLayout], *, dtype: torch.d
         return HostShards(numels, dtype=dtype, device=device, pin_memory=config.pin_memory)
     if config.offload_param == "cpu":
         _log.info("rank %d: offload_param 'cpu': the parameters of a CPU model are in host memory already", rank)
+    if by_unit:
+        return UnitShards(numels, dtype=dtype, device=device)
     return MemoryShards(numels, dtype=dtype, device=device)
 
 
@@ -94,6 +99,41 @@ class MemoryShards:
     def placement(self, where: str) -> dict:
         out = {"device": 0, "host": 0, "disk": 0}
         out[where] = tensor_bytes(self.flat)
+        return out
+
+
+class UnitShards:
+    """Every unit's shard in a tensor of its own on ``device``, allocated when the unit is first written or read.
+
+    For a model whose values arrive one unit at a time (param_source.py): while the values come in, their
+    source frees what it held for each unit as the unit's shard is written, so the two together stay near one
+    shard, where one flat tensor reserved at once would sit beside the whole source."""
+
+    def __init__(self, numels: Sequence[int], *, dtype: torch.dtype, device: torch.device):
+        self.numels, self.dtype, self.device = list(numels), dtype, device
+        self.units: list = [None] * len(self.numels)
+
+    def shard(self, u: int) -> torch.Tensor:
+        if self.units[u] is None:
+            self.units[u] = torch.empty(self.numels[u], dtype=self.dtype, device=self.device)
+        return self.units[u]
+
+    def fetch(self, u: int) -> torch.Tensor:
+        return self.shard(u)
+
+    def read_ahead(self, u: int) -> None:
+        pass  # nothing to read: the shard is where the gather runs
+
+    def write(self, u: int, values: torch.Tensor, start: int) -> None:
+        with torch.no_grad():
+            self.shard(u)[start:start + values.numel()].copy_(values)
+
+    def invalidate(self) -> None:
+        pass
+
+    def placement(self, where: str) -> dict:
+        out = {"device": 0, "host": 0, "disk": 0}
+        out[where] = sum(tensor_bytes(unit) for unit in self.units if unit is not None)
         return out
 
 
@@ -183,4 +223,5 @@ class FileShards:
         self._finalizer()
 
 
-__all__ = ["build_param_store", "note_unsharded_param_offload", "MemoryShards", "HostShards", "FileShards"]
+__all__ = ["build_param_store", "note_unsharded_param_offload", "MemoryShards", "UnitShards", "HostShards",
+           "FileShards"]

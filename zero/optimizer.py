@@ -62,6 +62,7 @@ from .offload_param import note_unsharded_param_offload
 from .optim_factory import build_optimizer
 from .optimizer_state import OptimizerFactory
 from .param_groups import param_groups_of
+from .param_source import ParamSource, materialize
 from .partition import flatten_params
 from .precision import (LossScaler, cast_inputs, clip_coefficient, compute_dtype, global_sum_of_squares,
                         scale_outputs)
@@ -158,10 +159,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
     ``state_dict``/``load_state_dict`` and step hooks are those of the torch optimizer over the shards
     (``self.optimizer``), so changing a group's ``lr`` changes the next update and torch's
     learning-rate schedulers take this object.
+
+    ``param_source`` (param_source.py): where the managed parameters' initial values are when the parameters
+    do not hold them (a model built under ``zerocomm.deepspeed.zero.Init``); its values are taken as they are,
+    and stage 3 reads them one unit at a time.
     """
 
     def __init__(self, model: nn.Module, optimizer_factory: Optional[OptimizerFactory], config: ZeroConfig,
-                 group=None, *, model_parameters: Optional[Iterable] = None):
+                 group=None, *, model_parameters: Optional[Iterable] = None,
+                 param_source: Optional[ParamSource] = None):
         self.model, self.config, self.group = model, config, group
         self.plan = plan_for(config)
         self.stage = int(self.plan.stage)
@@ -186,19 +192,27 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                                      param_groups=self.groups.indices(named))
         self.param_names = [name for name, _ in named]
         self.params = [param for _, param in named]
-        full32 = flatten_params(self.params, self.layouts, torch.float32)
+        streamed = sharded and param_source is not None  # stage 3 reads the source one unit at a time
+        if param_source is not None and not sharded:
+            materialize(param_source, self.params)  # stages 0-2 hold every parameter anyway
+        full32 = None if streamed else flatten_params(self.params, self.layouts, torch.float32)
         self._broadcast_initial_state(full32)
         if sharded:
             self.parameters = ShardedParameters(self.params, self.layouts, units[0], full32, dtype=self.dtype,
-                                                rank=self.rank, config=config, group=group)
+                                                rank=self.rank, config=config, group=group,
+                                                source=param_source if streamed else None)
         else:
             note_unsharded_param_offload(config, self.rank)
             self.parameters = ReplicatedParameters(self.params, self.layouts, full32, dtype=self.dtype,
                                                    sharded_updates=self.plan.shard_optimizer_state, rank=self.rank,
                                                    config=config, group=group)
         self._param_shards = [self.parameters.shard(layout) for layout in self.layouts]
-        copies = None if self.dtype == torch.float32 else [self.parameters.owned_float32(full32, layout)
-                                                           for layout in self.layouts]
+        if self.dtype == torch.float32:
+            copies = None
+        elif streamed:
+            copies, self.parameters.initial_float32 = self.parameters.initial_float32, None
+        else:
+            copies = [self.parameters.owned_float32(full32, layout) for layout in self.layouts]
         bucket_groups = [layout.group for layout in self.layouts]
         grouped = lambda masters: factory(self.groups.shard_groups(masters, bucket_groups))  # noqa: E731
         self.optimizer_state = build_optimizer_state(self.plan.optimizer_state, self._param_shards, copies,
@@ -320,11 +334,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return self.parameters.owned(layout)
 
     # -- construction -----------------------------------------------------------------------------
-    def _broadcast_initial_state(self, full32: torch.Tensor) -> None:
-        """Every rank starts from rank 0's parameters and buffers, as torch DDP does."""
+    def _broadcast_initial_state(self, full32: Optional[torch.Tensor]) -> None:
+        """Every rank starts from rank 0's parameters and buffers, as torch DDP does (``full32`` None: the managed
+        parameters came from a parameter source, equal on every rank already; buffers and the others still
+        travel)."""
         if self.world_size == 1:
             return
-        dist.broadcast(full32, group=self.group, group_src=0, algorithm=self.algorithm)
+        if full32 is not None:
+            dist.broadcast(full32, group=self.group, group_src=0, algorithm=self.algorithm)
         managed = {id(p) for p in self.params}
         others = [p for p in self.model.parameters() if id(p) not in managed] + list(self.model.buffers())
         with torch.no_grad():
@@ -488,13 +505,20 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     # -- access outside forward -------------------------------------------------------------------
     @contextlib.contextmanager
-    def gathered_parameters(self, modifier_rank: Optional[int] = None) -> Iterator[None]:
+    def gathered_parameters(self, modifier_rank: Optional[int] = None, params: Optional[Iterable] = None
+                            ) -> Iterator[None]:
         """The model's full parameters are readable inside the block (every rank enters it; stage 3
         gathers them, stages 1-2 wait for the post-step all_gather).  With ``modifier_rank``, that
         rank's values at the end of the block are broadcast and become everyone's parameters and
         float32 masters (DeepSpeed's ``GatheredParameters(modifier_rank=...)``); without it, stage 3
-        discards changes."""
-        with self.parameters.gathered(modifier_rank, self.optimizer_state):
+        discards changes.  ``params``: stage 3 gathers only the units holding these parameters (every
+        rank passes the same ones); other stages hold every parameter and ignore it."""
+        if params is not None and self.plan.parameters is ParameterPlacement.SHARDED:
+            units = [self._position[id(p)][0] for p in params if id(p) in self._position]
+            context = self.parameters.gathered(modifier_rank, self.optimizer_state, units)
+        else:
+            context = self.parameters.gathered(modifier_rank, self.optimizer_state)
+        with context:
             yield
 
     @property

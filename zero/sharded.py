@@ -74,20 +74,26 @@ class ShardedParameters:
         params: the managed parameters, in layout order (see ``plan``).
         layouts: one bucket per unit.
         units: the ``UnitPlan`` of each bucket.
-        full32: the flat float32 values, equal on every rank (only this rank's chunks are kept).
+        full32: the flat float32 values, equal on every rank (only this rank's chunks are kept); None when
+            ``source`` gives them.
         dtype: the compute dtype.
+        source: a ``ParamSource`` (param_source.py) read one unit at a time instead of ``full32``, so that
+            set-up holds this rank's shard and one unit, never the model; the float32 values of this rank's
+            chunks are then kept in ``initial_float32`` (per unit) when ``dtype`` is not float32, for the masters.
     """
 
     sharded_updates = True
 
     def __init__(self, params: Sequence[nn.Parameter], layouts: Sequence[BucketLayout], units: list,
-                 full32: torch.Tensor, *, dtype: torch.dtype, rank: int, config: ZeroConfig, group=None):
+                 full32: Optional[torch.Tensor], *, dtype: torch.dtype, rank: int, config: ZeroConfig, group=None,
+                 source=None):
         self.layouts, self.units, self.params = list(layouts), units, list(params)
         self.rank, self.world_size = rank, dist.get_world_size(group)
         self.group, self.algorithm, self.config = group, config.algorithm, config
         self.dtype = dtype
-        self.device = device = full32.device
-        self.store = build_param_store(config, self.layouts, dtype=dtype, device=device, rank=rank)
+        self.device = device = full32.device if full32 is not None else self.params[0].device
+        by_unit = {"by_unit": True} if source is not None else {}  # filled unit by unit: no whole shard reserved
+        self.store = build_param_store(config, self.layouts, dtype=dtype, device=device, rank=rank, **by_unit)
         """Where this rank's shard lives (offload_param.py)."""
         self.full: list[torch.Tensor] = []
         self._state: list[UnitState] = []
@@ -96,18 +102,28 @@ class ShardedParameters:
         self.gathers = build_unit_gathers(config, self.layouts, rank=rank, world_size=self.world_size, group=group,
                                           dtype=dtype, device=device)
         """How a unit is gathered: plain, int8 blocks (qwZ), from the host's secondary partition (hpZ); zeropp.py."""
+        self.initial_float32: Optional[list] = [] if source is not None and dtype != torch.float32 else None
         with torch.no_grad():
             for u, layout in enumerate(self.layouts):
                 clo, chi = layout.chunk_bounds(rank)
-                self.store.write(u, full32[layout.offset + clo:layout.offset + chi], 0)
-                full = full32[layout.offset:layout.offset + layout.padded_numel].to(dtype, copy=True)
+                if source is None:
+                    bucket32 = full32[layout.offset:layout.offset + layout.padded_numel]
+                else:  # a fresh buffer: in float32 it becomes the unit's full buffer without a copy
+                    bucket32 = torch.zeros(layout.padded_numel, dtype=torch.float32, device=device)
+                    source.gather_into([self.params[slot.index] for slot in layout.slots],
+                                       slot_views(bucket32, layout))
+                    if self.initial_float32 is not None:
+                        self.initial_float32.append(bucket32[clo:chi].clone())
+                self.store.write(u, bucket32[clo:chi], 0)
+                fresh = source is not None and dtype == torch.float32
+                full = bucket32 if fresh else bucket32.to(dtype, copy=True)
+                del bucket32
                 for slot, view in zip(layout.slots, slot_views(full, layout)):
                     self.params[slot.index].data = view
                 self.full.append(full)
                 self._state.append(UnitState.GATHERED)
-        for u, plan in enumerate(self.units):
-            if not plan.persistent:
-                self._free(u)
+                if not self.units[u].persistent:
+                    self._free(u)  # at once: set-up never holds more than one unit besides the persistent one
         self._order: list[int] = []  # units in the order of the first forward
         self._order_known = False
         self._position_in_order: dict[int, int] = {}
@@ -339,24 +355,27 @@ class ShardedParameters:
 
     # -- access outside forward ---------------------------------------------------------------
     @contextlib.contextmanager
-    def gathered(self, modifier_rank: Optional[int], optimizer_state) -> Iterator[None]:
-        """Gather every unit for the duration of the block; with ``modifier_rank``, that rank's values
-        at the end are broadcast and written into every rank's shard (and masters)."""
+    def gathered(self, modifier_rank: Optional[int], optimizer_state,
+                 units: Optional[Sequence[int]] = None) -> Iterator[None]:
+        """Gather ``units`` (default: every unit) for the duration of the block; with ``modifier_rank``, that
+        rank's values at the end are broadcast and written into every rank's shard (and masters)."""
+        units = range(len(self.units)) if units is None else sorted(set(units))
         self.wait_all()
-        for u in range(len(self.units)):
+        for u in units:
             self._gather(u, "gather")
         try:
             yield
         finally:
             if modifier_rank is not None:
-                self._write_back(modifier_rank)
+                self._write_back(modifier_rank, units)
                 optimizer_state.read_from([self.shard(layout) for layout in self.layouts])
-            for u in range(len(self.units)):
+            for u in units:
                 self._release(u)
 
-    def _write_back(self, modifier_rank: int) -> None:
+    def _write_back(self, modifier_rank: int, units: Sequence[int]) -> None:
         with torch.no_grad():
-            for u, layout in enumerate(self.layouts):
+            for u in units:
+                layout = self.layouts[u]
                 # A staged optimizer never hands its full buffers to a collective (it would pin them).
                 values = self.full[u].clone() if self._staged else self.full[u]
                 dist.broadcast(values, group=self.group, group_src=modifier_rank, algorithm=self.algorithm)
