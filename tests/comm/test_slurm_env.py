@@ -237,7 +237,7 @@ def test_mpi_launchers_are_recognised_as_init_recognises_them():
     assert set(slurm._MPI_MARKERS) == set(process_group._MPI_LAUNCH_VARS)
 
 
-@pytest.mark.parametrize("tasks_on_node,gpus,backend", [("2", 2, "nccl"), ("4", 2, "gloo"), ("2", 0, "gloo")])
+@pytest.mark.parametrize("tasks_on_node,gpus,backend", [("2", 2, "cpu:gloo,cuda:nccl"), ("4", 2, "gloo"), ("2", 0, "gloo")])
 def test_the_default_backend_counts_the_nodes_tasks_from_slurm(tasks_on_node, gpus, backend, monkeypatch):
     """init fills torch's variables before it picks the default backend: NCCL only where every task on the node
     (Slurm's count, as LOCAL_WORLD_SIZE) has a GPU of its own.  CUDA is faked; nothing initializes it."""

@@ -202,7 +202,7 @@ def test_config_refuses_what_a_ray_worker_cannot_start():
     """Bad settings fail on the driver, before any worker starts, naming the value (no cluster needed)."""
     from zerocomm.comm import InvalidArgumentError
 
-    with pytest.raises(InvalidArgumentError, match=r"backend must be one of \('gloo', 'nccl'\).*'mpi'"):
+    with pytest.raises(InvalidArgumentError, match=r"backend must be one of \('gloo', 'nccl', 'cpu:gloo,cuda:nccl'\).*'mpi'"):
         ZerocommConfig(backend="mpi")
     with pytest.raises(InvalidArgumentError, match="init_method must be 'env' or 'tcp', got 'file'"):
         ZerocommConfig(init_method="file")
