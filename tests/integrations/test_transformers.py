@@ -1,0 +1,284 @@
+"""``zerocomm.integrations.transformers.ZeroTrainer`` against Hugging Face's own ``Trainer`` with DDP.
+
+Ranks start under torchrun, as users start them, from a script written into the test's folder; each rank
+trains a tiny GPT-2 built from a config (2 layers, 32 wide, vocabulary 96; no download) on a fixed synthetic
+dataset, with ``gradient_accumulation_steps`` 2, clipping active (``max_grad_norm`` 0.3, below the
+gradients' norm) and a linear schedule, and writes its per-step losses to a JSON file the test reads.
+
+The reference is ``transformers.Trainer`` on the same world (after ``zerocomm.comm.init_process_group()``
+its DDP rides the "zerocomm" c10d backend).  ZeRO averages the same gradients with another reduction
+schedule and computes the clipping norm in float64 over shards while the Trainer's is float32 over whole
+gradients, so the losses may differ in the last float32 bits: rtol 1e-4 bounds that over six steps.
+"""
+import json
+import math
+
+import pytest
+
+from support.launchers import clean_env, launch, tool
+
+pytest.importorskip("transformers", reason="needs transformers: pip install 'zerocomm[test]'")
+pytest.importorskip("accelerate", reason="the Trainer needs accelerate: pip install 'zerocomm[test]'")
+
+RTOL = 1e-4
+STEPS = 6
+
+RANK_SCRIPT = r'''
+import json, os, sys
+import torch
+import zerocomm.comm as dist
+dist.init_process_group()
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from zerocomm.integrations.transformers import ZeroTrainer
+from zerocomm.zero import CheckpointNotFoundError, ZeroConfigError
+
+transformers.logging.set_verbosity_error()
+OUT, WHAT, STEPS = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rank, world = dist.get_rank(), dist.get_world_size()
+PROMPT = torch.tensor([[5, 17, 42, 8]])
+
+
+class Tokens(torch.utils.data.Dataset):
+    """32 fixed random sequences of 16 tokens (labels = inputs: causal LM)."""
+    def __init__(self, n=32):
+        self.ids = torch.randint(0, 96, (n, 16), generator=torch.Generator().manual_seed(0))
+    def __len__(self):
+        return len(self.ids)
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class Losses(TrainerCallback):
+    def __init__(self):
+        self.losses, self.grad_norms = {}, {}
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses[state.global_step] = logs["loss"]
+            self.grad_norms[state.global_step] = logs.get("grad_norm")
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96, n_positions=32,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+
+def arguments(name, **overrides):
+    settings = dict(output_dir=os.path.join(OUT, name), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                    learning_rate=1e-3, weight_decay=0.01, max_grad_norm=0.3, max_steps=STEPS, logging_steps=1,
+                    save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    settings.update(overrides)
+    return TrainingArguments(**settings)
+
+
+BATCH = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+         "gradient_clipping": "auto"}
+
+
+def train(trainer, **kwargs):
+    log = Losses()
+    trainer.add_callback(log)
+    trainer.train(**kwargs)
+    return {"losses": log.losses, "grad_norms": log.grad_norms}
+
+
+result = {}
+if WHAT == "compare":
+    # Stage 3 with the Trainer's own optimizer (AdamW, weight decay on all but biases and norms), stage 2 with
+    # the config's optimizer section filled from the TrainingArguments ("auto"), each beside plain DDP.
+    for name, stage, weight_decay, section in (("stage3", 3, 0.01, None), ("stage2", 2, 0.0, "auto")):
+        args = arguments(f"ddp-{name}", weight_decay=weight_decay)
+        result[f"ddp-{name}"] = train(Trainer(model=tiny_gpt2(), args=args, train_dataset=Tokens()))
+        config = {**BATCH, "zero_optimization": {"stage": stage}}
+        if section:
+            config["optimizer"] = {"type": "AdamW", "params": {key: "auto" for key in ("lr", "betas", "eps",
+                                                                                         "weight_decay")}}
+        args = arguments(f"zero-{name}", weight_decay=weight_decay)
+        trainer = ZeroTrainer(model=tiny_gpt2(), args=args, train_dataset=Tokens(), zero_config=config)
+        result[name] = train(trainer)
+        result[name]["stage"] = trainer.zero_optimizer.stage
+        result[name]["ddp_wrapped"] = isinstance(trainer.model_wrapped, torch.nn.parallel.DistributedDataParallel)
+
+if WHAT in ("full", "resume"):
+    # Stage 3, the config's optimizer and schedule (every value "auto"), a checkpoint at step STEPS // 2.
+    config = {**BATCH, "zero_optimization": {"stage": 3},
+              "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                        "weight_decay": "auto"}},
+              "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                                "warmup_num_steps": "auto",
+                                                                "total_num_steps": "auto"}}}
+    path = os.path.join(OUT, "ds_config.json")
+    if WHAT == "full" and rank == 0:
+        with open(path, "w") as f:
+            json.dump(config, f)
+    dist.barrier()
+    args = arguments("run", save_strategy="steps", save_steps=STEPS // 2, warmup_steps=2)
+    trainer = ZeroTrainer(model=tiny_gpt2(), args=args, train_dataset=Tokens(), zero_config=path)
+    checkpoint = os.path.join(OUT, "run", f"checkpoint-{STEPS // 2}")
+    result["run"] = train(trainer, **({"resume_from_checkpoint": checkpoint} if WHAT == "resume" else {}))
+    result["global_step"] = trainer.state.global_step
+    result["lrs"] = trainer.zero_optimizer.get_lr()
+    if WHAT == "full":
+        trainer.save_model(os.path.join(OUT, "final"))
+        trainer.model.eval()
+        with torch.no_grad():  # every rank: stage 3 gathers each unit from every rank's shard
+            result["generated"] = trainer.model.generate(PROMPT, max_new_tokens=8, do_sample=False,
+                                                         pad_token_id=0).tolist()
+            result["logits"] = trainer.model(PROMPT).logits[0, -1].tolist()
+    else:
+        result["config"] = trainer.zero_config_dict
+
+if WHAT == "pretrained":
+    model = GPT2LMHeadModel.from_pretrained(os.path.join(OUT, "final")).eval()
+    with torch.no_grad():
+        result["generated"] = model.generate(PROMPT, max_new_tokens=8, do_sample=False, pad_token_id=0).tolist()
+        result["logits"] = model(PROMPT).logits[0, -1].tolist()
+    # What is refused, and how.
+    refusals = {}
+    def refused(name, make):
+        try:
+            make()
+        except (ZeroConfigError, CheckpointNotFoundError) as error:
+            refusals[name] = [type(error).__name__, str(error)]
+    refused("unknown key", lambda: ZeroTrainer(model=tiny_gpt2(), args=arguments("k"), train_dataset=Tokens(),
+                                               zero_config={"zero_optimization": {"stage": 2, "no_such": 1}}).train())
+    refused("mismatches", lambda: ZeroTrainer(model=tiny_gpt2(), args=arguments("m"), train_dataset=Tokens(),
+                                              zero_config={"gradient_clipping": 1.0, "gradient_accumulation_steps": 3,
+                                                           "zero_optimization": {"stage": 2}}).train())
+    opt = torch.optim.SGD(tiny_gpt2().parameters(), lr=0.1)
+    refused("optimizers", lambda: ZeroTrainer(model=tiny_gpt2(), args=arguments("o"), optimizers=(opt, None),
+                                              zero_config={"zero_optimization": {"stage": 2}}))
+    refused("partial cycle", lambda: ZeroTrainer(model=tiny_gpt2(), args=arguments("p", gradient_accumulation_steps=3,
+                                                                                   max_steps=-1),
+                                                 train_dataset=Tokens(), zero_config={"zero_optimization":
+                                                                                      {"stage": 2}}).train())
+    refused("not elementwise", lambda: ZeroTrainer(model=tiny_gpt2(), args=arguments("a", optim="adafactor"),
+                                                   train_dataset=Tokens(),
+                                                   zero_config={"zero_optimization": {"stage": 2}}).train())
+    result["refusals"] = refusals
+
+with open(os.path.join(OUT, f"{WHAT}-rank{rank}-of-{world}.json"), "w") as f:
+    json.dump(result, f)
+dist.destroy_process_group()
+'''
+
+
+def _run(tmp_path, what: str, nprocs: int) -> list:
+    """Launch the rank script for ``what`` on ``nprocs`` CPU ranks; every rank's result, in rank order."""
+    script = tmp_path / "rank_script.py"
+    script.write_text(RANK_SCRIPT)
+    done = launch([tool("torchrun"), "--standalone", "--nproc-per-node", str(nprocs), str(script), str(tmp_path),
+                   what, str(STEPS)], tmp_path, timeout=240, env=clean_env(CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 0, f"{what} on {nprocs} ranks exited {done.returncode}:\n{done.stdout[-6000:]}"
+    return [json.loads((tmp_path / f"{what}-rank{r}-of-{nprocs}.json").read_text()) for r in range(nprocs)]
+
+
+def _losses(run: dict) -> list:
+    return [run["losses"][str(step)] for step in range(1, STEPS + 1)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One folder in which the comparisons and the uninterrupted stage-3 run (with its checkpoint at step 3 and
+    its saved model) ran, on 2 ranks."""
+    folder = tmp_path_factory.mktemp("zero_trainer")
+    return folder, _run(folder, "compare", 2), _run(folder, "full", 2)
+
+
+def test_zero_trainer_matches_ddp_at_stages_2_and_3(trained):
+    _, compare, _ = trained
+    for rank_result in compare:
+        for name, stage in (("stage2", 2), ("stage3", 3)):
+            zero_run, ddp_run = rank_result[name], rank_result[f"ddp-{name}"]
+            assert zero_run["stage"] == stage and not zero_run["ddp_wrapped"], zero_run
+            assert _losses(zero_run) == pytest.approx(_losses(ddp_run), rel=RTOL), (name, zero_run, ddp_run)
+            # Clipping was active (the norm above max_grad_norm 0.3) and both report the same pre-clip norm.
+            zero_norms = [zero_run["grad_norms"][str(s)] for s in range(1, STEPS + 1)]
+            ddp_norms = [ddp_run["grad_norms"][str(s)] for s in range(1, STEPS + 1)]
+            assert min(ddp_norms) > 0.3, ddp_norms
+            assert zero_norms == pytest.approx(ddp_norms, rel=1e-3), (name, zero_norms, ddp_norms)
+        # The losses moved: the comparison is of training, not of six copies of the first loss.
+        assert len(set(_losses(rank_result["stage3"]))) == STEPS
+
+
+def test_resume_equals_the_uninterrupted_run_and_resumes_at_another_world_size(trained):
+    folder, _, full = trained
+    resumed = _run(folder, "resume", 2)
+    for uninterrupted, again in zip(full, resumed):
+        later = [str(s) for s in range(STEPS // 2 + 1, STEPS + 1)]
+        assert sorted(again["run"]["losses"], key=int) == later, again["run"]["losses"]
+        assert [again["run"]["losses"][s] for s in later] == \
+            pytest.approx([uninterrupted["run"]["losses"][s] for s in later], rel=1e-6)
+        assert again["lrs"] == pytest.approx(uninterrupted["lrs"], rel=1e-9)
+        scheduler = again["config"]["scheduler"]["params"]
+        assert scheduler["total_num_steps"] == STEPS and scheduler["warmup_num_steps"] == 2, scheduler
+        assert scheduler["warmup_max_lr"] == 1e-3 and scheduler["warmup_min_lr"] == 0, scheduler
+    # The checkpoint written by 2 ranks, resumed by 1: ZeRO reshards it, and training continues to the end.
+    (one,) = _run(folder, "resume", 1)
+    assert one["global_step"] == STEPS, one
+    losses = one["run"]["losses"]
+    assert sorted(losses, key=int) == [str(s) for s in range(STEPS // 2 + 1, STEPS + 1)], losses
+    assert all(math.isfinite(v) for v in losses.values()), losses
+    # Its first step starts from the 2-rank run's state: its loss is that run's neighbourhood, not a fresh model's.
+    first = full[0]["run"]["losses"]
+    assert abs(losses[str(STEPS // 2 + 1)] - first[str(STEPS // 2 + 1)]) < 0.5 * abs(first["1"] - first[str(STEPS)])
+
+
+def test_saved_model_loads_with_from_pretrained_and_generates_the_same_tokens(trained):
+    folder, _, full = trained
+    (loaded,) = _run(folder, "pretrained", 1)
+    assert full[0]["generated"] == full[1]["generated"]
+    assert loaded["generated"] == full[0]["generated"], (loaded["generated"], full[0]["generated"])
+    assert len(loaded["generated"][0]) == 4 + 8
+    # The whole model came back, not only its argmax: the next-token logits agree (float32, same kernels).
+    assert loaded["logits"] == pytest.approx(full[0]["logits"], rel=1e-5, abs=1e-6)
+    refusals = loaded["refusals"]
+    assert set(refusals) == {"unknown key", "mismatches", "optimizers", "partial cycle", "not elementwise"}, refusals
+    assert all(kind == "ZeroConfigError" for kind, _ in refusals.values()), refusals
+    assert "no_such" in refusals["unknown key"][1]
+    mismatch = refusals["mismatches"][1]  # both mismatches in one error, as Hugging Face reports them
+    assert "gradient_clipping=1.0 vs hf max_grad_norm=0.3" in mismatch and \
+        "gradient_accumulation_steps=3 vs hf gradient_accumulation_steps=2" in mismatch, mismatch
+    assert "not a multiple of gradient_accumulation_steps (3)" in refusals["partial cycle"][1]
+    assert "Adafactor" in refusals["not elementwise"][1]
+
+
+def test_fill_auto_values_follows_hugging_faces_deepspeed_integration():
+    from transformers import TrainingArguments
+
+    from zerocomm.integrations.transformers import fill_auto_values, finalize_auto_values
+    from zerocomm.zero import ZeroConfigError
+
+    args = TrainingArguments(output_dir="unused", per_device_train_batch_size=3, gradient_accumulation_steps=4,
+                             learning_rate=2e-4, adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6, weight_decay=0.1,
+                             max_grad_norm=0.5, warmup_steps=0.1, use_cpu=True, report_to=[])
+    auto = "auto"
+    config = {"train_micro_batch_size_per_gpu": auto, "gradient_accumulation_steps": auto, "train_batch_size": auto,
+              "gradient_clipping": auto, "bf16": {"enabled": auto},
+              "optimizer": {"type": "AdamW", "params": {"lr": auto, "betas": auto, "eps": auto, "weight_decay": auto}},
+              "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": auto, "warmup_max_lr": auto,
+                                                                "warmup_num_steps": auto, "total_num_steps": auto}}}
+    assert fill_auto_values(config, args, world_size=2) == []
+    finalize_auto_values(config, args, num_training_steps=50)
+    assert config == {
+        "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 4, "train_batch_size": 24,
+        "gradient_clipping": 0.5, "bf16": {"enabled": False},
+        "optimizer": {"type": "AdamW", "params": {"lr": 2e-4, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 2e-4,
+                                                          "warmup_num_steps": 5, "total_num_steps": 50}}}
+    # Written values that agree pass; those that do not are all reported in one error, after the schedule's.
+    written = {"train_batch_size": 24, "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {
+        "lr": 2e-4, "betas": (0.8, 0.95), "weight_decay": 0.0}}, "scheduler": {"type": "WarmupLR", "params": {
+            "warmup_num_steps": 7}}}
+    mismatches = fill_auto_values(written, args, world_size=2)
+    assert mismatches == ["- ds gradient_clipping=1.0 vs hf max_grad_norm=0.5",
+                          "- ds optimizer.params.weight_decay=0.0 vs hf weight_decay=0.1"]
+    with pytest.raises(ZeroConfigError) as raised:
+        finalize_auto_values(written, args, num_training_steps=50, mismatches=mismatches)
+    lines = [line for line in str(raised.value).splitlines() if line.startswith("- ds")]
+    assert lines == mismatches + ["- ds scheduler.params.warmup_num_steps=7 vs hf warmup_steps=5"]
+    # A --bf16 run whose config has no bf16 section gets one, as accelerate's DeepSpeed plugin adds it.
+    bf16 = TrainingArguments(output_dir="unused", bf16=True, use_cpu=True, report_to=[])
+    sections: dict = {}
+    assert fill_auto_values(sections, bf16, world_size=1) == [] and sections == {"bf16": {"enabled": True}}
