@@ -76,6 +76,9 @@ ZERO_CHECKPOINT = "zero"
 _ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop", "Rprop")
 """torch.optim classes whose update of each element reads only that element's gradient and state, so they
 update ZeRO's flat shards as they would the whole parameters."""
+_LAUNCHER_VARIABLES = ("WORLD_SIZE", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID", "PMI_FD",
+                       "PMI_PORT")
+"""Set by torchrun or an MPI launcher: ``init_process_group()`` then finds the job's ranks."""
 _NOT_PER_UPDATE = ("reduce_lr_on_plateau", "greedy")
 """Trainer schedules stepped with an evaluation metric rather than once per update."""
 
@@ -256,7 +259,7 @@ class ZeroTrainer(Trainer):
     Takes every ``Trainer`` argument plus ``zero_config``: a DeepSpeed config dict or the path of its JSON
     file (what ``TrainingArguments(deepspeed=...)`` took).  Every rank of the job builds it and calls the same
     methods (``train``, ``save_model``, ``evaluate``), as with any distributed Trainer.  When
-    ``zerocomm.comm`` has no process group yet, it makes one: under a launcher (``WORLD_SIZE`` set) with
+    ``zerocomm.comm`` has no process group yet, it makes one: under a launcher (torchrun, mpiexec) with
     ``init_process_group()``, otherwise a world of one.
 
     Refused, with ``zerocomm.zero.ZeroConfigError`` (a ``ValueError``) naming the argument: ``args.deepspeed``
@@ -289,9 +292,10 @@ class ZeroTrainer(Trainer):
         _refuse_unsupported_arguments(self.args)
         if self.args.world_size != dist.get_world_size():
             raise zero.ZeroConfigError(
-                f"the Trainer's data-parallel world has {self.args.world_size} ranks and zerocomm's "
-                f"{dist.get_world_size()}: call zerocomm.comm.init_process_group() before building the "
-                f"TrainingArguments, under the same launcher")
+                f"the Trainer's data-parallel world has {self.args.world_size} rank(s) and zerocomm's "
+                f"{dist.get_world_size()}: on a machine without GPUs the Trainer runs several processes only with "
+                f"TrainingArguments(use_cpu=True); and both must come from one launch (call "
+                f"zerocomm.comm.init_process_group() before building the TrainingArguments)")
         self._mismatches = fill_auto_values(self._zero_source, self.args, self.args.world_size)
         self.zero_config_dict = copy.deepcopy(self._zero_source)
         """The DeepSpeed config in use: every ``"auto"`` filled once training has started (before, the schedule's
@@ -451,7 +455,7 @@ def _ensure_world() -> None:
     """zerocomm's default group: the caller's, or one made here (the launcher's ranks, else a world of one)."""
     if dist.is_initialized():
         return
-    if "WORLD_SIZE" in os.environ:
+    if any(name in os.environ for name in _LAUNCHER_VARIABLES):
         dist.init_process_group()
     else:
         dist.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)

@@ -34,7 +34,7 @@ from zerocomm.integrations.transformers import ZeroTrainer
 from zerocomm.zero import CheckpointNotFoundError, ZeroConfigError
 
 transformers.logging.set_verbosity_error()
-OUT, WHAT, STEPS = sys.argv[1], sys.argv[2], int(sys.argv[3])
+OUT, PARTS, STEPS = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
 rank, world = dist.get_rank(), dist.get_world_size()
 PROMPT = torch.tensor([[5, 17, 42, 8]])
 
@@ -84,7 +84,7 @@ def train(trainer, **kwargs):
 
 
 result = {}
-if WHAT == "compare":
+if "compare" in PARTS:
     # Stage 3 with the Trainer's own optimizer (AdamW, weight decay on all but biases and norms), stage 2 with
     # the config's optimizer section filled from the TrainingArguments ("auto"), each beside plain DDP.
     for name, stage, weight_decay, section in (("stage3", 3, 0.01, None), ("stage2", 2, 0.0, "auto")):
@@ -100,7 +100,7 @@ if WHAT == "compare":
         result[name]["stage"] = trainer.zero_optimizer.stage
         result[name]["ddp_wrapped"] = isinstance(trainer.model_wrapped, torch.nn.parallel.DistributedDataParallel)
 
-if WHAT in ("full", "resume"):
+for WHAT in [part for part in PARTS if part in ("full", "resume")]:
     # Stage 3, the config's optimizer and schedule (every value "auto"), a checkpoint at step STEPS // 2.
     config = {**BATCH, "zero_optimization": {"stage": 3},
               "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
@@ -113,23 +113,23 @@ if WHAT in ("full", "resume"):
         with open(path, "w") as f:
             json.dump(config, f)
     dist.barrier()
-    args = arguments("run", save_strategy="steps", save_steps=STEPS // 2, warmup_steps=2)
+    args = arguments("run" if WHAT == "full" else f"resumed-{world}", save_strategy="steps", save_steps=STEPS // 2,
+                     warmup_steps=2)
     trainer = ZeroTrainer(model=tiny_gpt2(), args=args, train_dataset=Tokens(), zero_config=path)
     checkpoint = os.path.join(OUT, "run", f"checkpoint-{STEPS // 2}")
-    result["run"] = train(trainer, **({"resume_from_checkpoint": checkpoint} if WHAT == "resume" else {}))
-    result["global_step"] = trainer.state.global_step
-    result["lrs"] = trainer.zero_optimizer.get_lr()
+    result[WHAT] = train(trainer, **({"resume_from_checkpoint": checkpoint} if WHAT == "resume" else {}))
+    result[WHAT].update(global_step=trainer.state.global_step, lrs=trainer.zero_optimizer.get_lr())
     if WHAT == "full":
         trainer.save_model(os.path.join(OUT, "final"))
         trainer.model.eval()
         with torch.no_grad():  # every rank: stage 3 gathers each unit from every rank's shard
-            result["generated"] = trainer.model.generate(PROMPT, max_new_tokens=8, do_sample=False,
-                                                         pad_token_id=0).tolist()
-            result["logits"] = trainer.model(PROMPT).logits[0, -1].tolist()
+            result[WHAT]["generated"] = trainer.model.generate(PROMPT, max_new_tokens=8, do_sample=False,
+                                                               pad_token_id=0).tolist()
+            result[WHAT]["logits"] = trainer.model(PROMPT).logits[0, -1].tolist()
     else:
-        result["config"] = trainer.zero_config_dict
+        result[WHAT]["config"] = trainer.zero_config_dict
 
-if WHAT == "pretrained":
+if "pretrained" in PARTS:
     model = GPT2LMHeadModel.from_pretrained(os.path.join(OUT, "final")).eval()
     with torch.no_grad():
         result["generated"] = model.generate(PROMPT, max_new_tokens=8, do_sample=False, pad_token_id=0).tolist()
@@ -158,7 +158,7 @@ if WHAT == "pretrained":
                                                    zero_config={"zero_optimization": {"stage": 2}}).train())
     result["refusals"] = refusals
 
-with open(os.path.join(OUT, f"{WHAT}-rank{rank}-of-{world}.json"), "w") as f:
+with open(os.path.join(OUT, f"{sys.argv[2]}-rank{rank}-of-{world}.json"), "w") as f:
     json.dump(result, f)
 dist.destroy_process_group()
 '''
@@ -179,16 +179,17 @@ def _losses(run: dict) -> list:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """One folder in which the comparisons and the uninterrupted stage-3 run (with its checkpoint at step 3 and
-    its saved model) ran, on 2 ranks."""
+def runs(tmp_path_factory):
+    """Three launches in one folder: on 2 ranks the comparisons with DDP and the uninterrupted stage-3 run (a
+    checkpoint at step 3, the model saved at the end); on 2 ranks again the resume from step 3; on 1 rank the
+    resume of the same checkpoint, ``from_pretrained`` of the saved model, and the refusals."""
     folder = tmp_path_factory.mktemp("zero_trainer")
-    return folder, _run(folder, "compare", 2), _run(folder, "full", 2)
+    return {"two": _run(folder, "compare,full", 2), "resumed": _run(folder, "resume", 2),
+            "one": _run(folder, "resume,pretrained", 1)[0]}
 
 
-def test_zero_trainer_matches_ddp_at_stages_2_and_3(trained):
-    _, compare, _ = trained
-    for rank_result in compare:
+def test_zero_trainer_matches_ddp_at_stages_2_and_3(runs):
+    for rank_result in runs["two"]:
         for name, stage in (("stage2", 2), ("stage3", 3)):
             zero_run, ddp_run = rank_result[name], rank_result[f"ddp-{name}"]
             assert zero_run["stage"] == stage and not zero_run["ddp_wrapped"], zero_run
@@ -202,38 +203,39 @@ def test_zero_trainer_matches_ddp_at_stages_2_and_3(trained):
         assert len(set(_losses(rank_result["stage3"]))) == STEPS
 
 
-def test_resume_equals_the_uninterrupted_run_and_resumes_at_another_world_size(trained):
-    folder, _, full = trained
-    resumed = _run(folder, "resume", 2)
-    for uninterrupted, again in zip(full, resumed):
-        later = [str(s) for s in range(STEPS // 2 + 1, STEPS + 1)]
-        assert sorted(again["run"]["losses"], key=int) == later, again["run"]["losses"]
-        assert [again["run"]["losses"][s] for s in later] == \
-            pytest.approx([uninterrupted["run"]["losses"][s] for s in later], rel=1e-6)
+def test_resume_equals_the_uninterrupted_run_and_resumes_at_another_world_size(runs):
+    later = [str(s) for s in range(STEPS // 2 + 1, STEPS + 1)]
+    for uninterrupted, again in zip((r["full"] for r in runs["two"]), (r["resume"] for r in runs["resumed"])):
+        assert sorted(again["losses"], key=int) == later, again["losses"]
+        assert [again["losses"][s] for s in later] == \
+            pytest.approx([uninterrupted["losses"][s] for s in later], rel=1e-6)
         assert again["lrs"] == pytest.approx(uninterrupted["lrs"], rel=1e-9)
         scheduler = again["config"]["scheduler"]["params"]
         assert scheduler["total_num_steps"] == STEPS and scheduler["warmup_num_steps"] == 2, scheduler
         assert scheduler["warmup_max_lr"] == 1e-3 and scheduler["warmup_min_lr"] == 0, scheduler
     # The checkpoint written by 2 ranks, resumed by 1: ZeRO reshards it, and training continues to the end.
-    (one,) = _run(folder, "resume", 1)
+    one = runs["one"]["resume"]
     assert one["global_step"] == STEPS, one
-    losses = one["run"]["losses"]
-    assert sorted(losses, key=int) == [str(s) for s in range(STEPS // 2 + 1, STEPS + 1)], losses
-    assert all(math.isfinite(v) for v in losses.values()), losses
-    # Its first step starts from the 2-rank run's state: its loss is that run's neighbourhood, not a fresh model's.
-    first = full[0]["run"]["losses"]
-    assert abs(losses[str(STEPS // 2 + 1)] - first[str(STEPS // 2 + 1)]) < 0.5 * abs(first["1"] - first[str(STEPS)])
+    assert sorted(one["losses"], key=int) == later and all(math.isfinite(v) for v in one["losses"].values()), one
+    # It starts from the 2-rank run's state (its first loss is near that run's, far from a fresh model's), at
+    # the schedule's step 4 (the same lr as the 2-rank run at the end).
+    full = runs["two"][0]["full"]["losses"]
+    assert abs(one["losses"][later[0]] - full[later[0]]) < 0.5 * abs(full["1"] - full[str(STEPS)]), (one, full)
+    assert one["lrs"] == pytest.approx(runs["two"][0]["full"]["lrs"], rel=1e-9)
 
 
-def test_saved_model_loads_with_from_pretrained_and_generates_the_same_tokens(trained):
-    folder, _, full = trained
-    (loaded,) = _run(folder, "pretrained", 1)
-    assert full[0]["generated"] == full[1]["generated"]
-    assert loaded["generated"] == full[0]["generated"], (loaded["generated"], full[0]["generated"])
+def test_saved_model_loads_with_from_pretrained_and_generates_the_same_tokens(runs):
+    trained = [r["full"] for r in runs["two"]]
+    loaded = runs["one"]
+    assert trained[0]["generated"] == trained[1]["generated"]
+    assert loaded["generated"] == trained[0]["generated"], (loaded["generated"], trained[0]["generated"])
     assert len(loaded["generated"][0]) == 4 + 8
     # The whole model came back, not only its argmax: the next-token logits agree (float32, same kernels).
-    assert loaded["logits"] == pytest.approx(full[0]["logits"], rel=1e-5, abs=1e-6)
-    refusals = loaded["refusals"]
+    assert loaded["logits"] == pytest.approx(trained[0]["logits"], rel=1e-5, abs=1e-6)
+
+
+def test_unsupported_settings_are_refused_by_name(runs):
+    refusals = runs["one"]["refusals"]
     assert set(refusals) == {"unknown key", "mismatches", "optimizers", "partial cycle", "not elementwise"}, refusals
     assert all(kind == "ZeroConfigError" for kind, _ in refusals.values()), refusals
     assert "no_such" in refusals["unknown key"][1]
