@@ -89,7 +89,9 @@ if "compare" in PARTS:
     # the config's optimizer section filled from the TrainingArguments ("auto"), each beside plain DDP.
     for name, stage, weight_decay, section in (("stage3", 3, 0.01, None), ("stage2", 2, 0.0, "auto")):
         args = arguments(f"ddp-{name}", weight_decay=weight_decay)
-        result[f"ddp-{name}"] = train(Trainer(model=tiny_gpt2(), args=args, train_dataset=Tokens()))
+        ddp = Trainer(model=tiny_gpt2(), args=args, train_dataset=Tokens())
+        result[f"ddp-{name}"] = train(ddp)
+        result[f"ddp-{name}"]["eval_loss"] = ddp.evaluate(Tokens(12))["eval_loss"]
         config = {**BATCH, "zero_optimization": {"stage": stage}}
         if section:
             config["optimizer"] = {"type": "AdamW", "params": {key: "auto" for key in ("lr", "betas", "eps",
@@ -97,6 +99,7 @@ if "compare" in PARTS:
         args = arguments(f"zero-{name}", weight_decay=weight_decay)
         trainer = ZeroTrainer(model=tiny_gpt2(), args=args, train_dataset=Tokens(), zero_config=config)
         result[name] = train(trainer)
+        result[name]["eval_loss"] = trainer.evaluate(Tokens(12))["eval_loss"]  # stage 3: gathered unit by unit
         result[name]["stage"] = trainer.zero_optimizer.stage
         result[name]["ddp_wrapped"] = isinstance(trainer.model_wrapped, torch.nn.parallel.DistributedDataParallel)
 
@@ -199,6 +202,8 @@ def test_zero_trainer_matches_ddp_at_stages_2_and_3(runs):
             ddp_norms = [ddp_run["grad_norms"][str(s)] for s in range(1, STEPS + 1)]
             assert min(ddp_norms) > 0.3, ddp_norms
             assert zero_norms == pytest.approx(ddp_norms, rel=1e-3), (name, zero_norms, ddp_norms)
+            # Evaluation after training (each rank its part of 12 sequences, the losses gathered) agrees too.
+            assert zero_run["eval_loss"] == pytest.approx(ddp_run["eval_loss"], rel=RTOL), (name, zero_run, ddp_run)
         # The losses moved: the comparison is of training, not of six copies of the first loss.
         assert len(set(_losses(rank_result["stage3"]))) == STEPS
 
@@ -284,3 +289,37 @@ def test_fill_auto_values_follows_hugging_faces_deepspeed_integration():
     bf16 = TrainingArguments(output_dir="unused", bf16=True, use_cpu=True, report_to=[])
     sections: dict = {}
     assert fill_auto_values(sections, bf16, world_size=1) == [] and sections == {"bf16": {"enabled": True}}
+
+
+def test_the_module_uses_only_public_zerocomm_names_and_nothing_else_imports_transformers():
+    """integrations/transformers.py reaches zerocomm only as ``dist`` (zerocomm.comm) and ``zero`` (zerocomm.zero),
+    and every attribute it reads from them is in their ``__all__``; no module of the library outside
+    ``integrations/`` imports transformers or accelerate."""
+    import ast
+    import pathlib
+
+    import zerocomm.comm
+    import zerocomm.zero
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    tree = ast.parse((root / "integrations" / "transformers.py").read_text())
+    relative = [(node.level, node.module, [a.asname or a.name for a in node.names]) for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level]
+    assert relative == [(2, None, ["dist"]), (2, None, ["zero"])], relative
+    used = {(node.value.id, node.attr) for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("dist", "zero")}
+    private = sorted(f"{module}.{name}" for module, name in used
+                     if name not in (zerocomm.comm if module == "dist" else zerocomm.zero).__all__)
+    assert not private, f"names outside the public API: {private}"
+    importers = []
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).parts
+        if parts[0] in ("integrations", "tests", "docs", ".venv") or parts[0].startswith("."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(name.split(".")[0] in ("transformers", "accelerate") for name in names):
+                importers.append(str(path.relative_to(root)))
+    assert not importers, importers
+    assert '"zerocomm.integrations"' in (root / "pyproject.toml").read_text(), "the package is not in the wheel's list"
