@@ -283,7 +283,6 @@ class ZeroTrainer(Trainer):
                 "kwargs), or give zero_config an optimizer (and scheduler) section, instead of optimizers=")
         _ensure_world()
         self.zero_optimizer: Optional[zero.ZeroOptimizer] = None
-        self._grad_scale_hook = None
         self._grad_norm: Optional[torch.Tensor] = None
         self._hooks: list = []
         self._schedule_view: Optional[_ScheduleView] = None
