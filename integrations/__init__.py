@@ -9,4 +9,6 @@ package imports none of them.
   ``zerocomm.zero``'s stages 1-3 and saves and resumes their sharded state through Lightning's checkpoints.
 * ``zerocomm.integrations.deepspeed`` (also ``zerocomm.deepspeed``): DeepSpeed's engine API (``initialize``,
   the engine, ``zero.Init``, ``zero.GatheredParameters``), so a DeepSpeed script runs with its import changed.
+* ``zerocomm.integrations.transformers``: ``ZeroTrainer``, a Hugging Face ``Trainer`` whose optimizer is
+  zerocomm's ZeRO (``zero_config``: a DeepSpeed config, ``"auto"`` values filled from the TrainingArguments).
 """

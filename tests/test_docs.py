@@ -7,7 +7,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+PAGES = sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "docs" / "integrations").glob("*.md")) + [ROOT / "README.md"]
 
 
 def test_api_reference_builds_from_docstrings(tmp_path):
@@ -290,3 +290,40 @@ def test_zerocomm_variables_are_read_in_one_place_and_documented_from_it():
     config_doc = (ROOT / "comm" / "config.py").read_text()
     for variable in ("ZEROCOMM_ALGORITHM", "ZEROCOMM_TIMEOUT", "ZEROCOMM_CHECK"):
         assert variable in config_doc and variable in environment.VARIABLES
+
+
+# --- the Hugging Face page's script runs as shown -------------------------------------------------------
+
+def _marked_script(page: str, marker: str) -> str:
+    text = (ROOT / "docs" / page).read_text()
+    match = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```", text, re.S)
+    assert match, f"{page} has no python block after <!-- {marker} -->"
+    return match.group(1)
+
+
+@pytest.mark.timeout(600)
+def test_zero_trainer_page_script_trains_saves_and_resumes_on_another_world_size(tmp_path):
+    """docs/integrations/transformers.md's ZeroTrainer script, verbatim and tiny (2 layers, 32 wide): 4 steps on 2
+    CPU ranks under torchrun, a saved model that from_pretrained loads; then on 1 rank with --steps 6 it resumes
+    the 2-rank checkpoint of step 4 and trains to step 6.  The "before" script (DeepSpeed's) is compiled only:
+    DeepSpeed is not installed here."""
+    pytest.importorskip("transformers", reason="needs transformers: pip install 'zerocomm[test]'")
+    pytest.importorskip("accelerate", reason="the Trainer needs accelerate: pip install 'zerocomm[test]'")
+    from support.launchers import clean_env, launch, tool
+
+    text = (ROOT / "docs" / "integrations" / "transformers.md").read_text()
+    before = re.search(r"## Before.*?```python\n(.*?)```", text, re.S).group(1)
+    compile(before, "before.py", "exec")
+    script = tmp_path / "train.py"
+    script.write_text(_marked_script("integrations/transformers.md", "zerotrainer-script"))
+    outputs = []
+    for ranks, steps in ((2, 4), (1, 6)):
+        done = launch([tool("torchrun"), "--standalone", "--nproc-per-node", str(ranks), str(script), "--layers", "2",
+                       "--width", "32", "--steps", str(steps)], tmp_path, 300, clean_env(CUDA_VISIBLE_DEVICES=""))
+        assert done.returncode == 0, f"train.py on {ranks} ranks exited {done.returncode}:\n{done.stdout[-4000:]}"
+        outputs.append(done.stdout)
+    assert "trained 4 steps, saved out/final" in outputs[0], outputs[0][-4000:]
+    assert "trained 6 steps, saved out/final" in outputs[1], outputs[1][-4000:]
+    assert (tmp_path / "out" / "checkpoint-4" / "zero" / "latest").is_file()
+    assert (tmp_path / "out" / "checkpoint-6" / "zero" / "latest").is_file()
+    assert (tmp_path / "out" / "final" / "model.safetensors").is_file()
