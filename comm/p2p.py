@@ -31,8 +31,8 @@ def _peer(g: Group, global_rank, group_rank, role: str, op: str) -> int:
 
 
 def _check(tensor, tag: int, op: str, g: Group, receive: bool) -> tuple:
-    """``(buffer, destination)``: the buffer ``tensor`` travels as after the checks (a complex tensor as its real
-    view; one that is not contiguous as a contiguous copy, or for a receive an empty contiguous buffer), and where a
+    """``(buffer, destination)``: the buffer ``tensor`` (of any dtype: its bytes travel) travels as after the checks
+    (a complex tensor as its real view; one that is not contiguous as a contiguous copy, or for a receive an empty contiguous buffer), and where a
     receive's buffer is copied once it completes (``None``: the buffer is the caller's tensor)."""
     moved = validate._real(tensor, op, g)
     buffer, destination = moved, None
@@ -43,7 +43,7 @@ def _check(tensor, tag: int, op: str, g: Group, receive: bool) -> tuple:
             destination = moved
         else:
             buffer = moved.contiguous()
-    validate.check_tensor(buffer, "tensor", op, g)
+    validate.check_tensor(buffer, "tensor", op, g, any_dtype=True)  # the transport moves its bytes, whatever dtype
     if not 0 <= int(tag) < USER_TAG_LIMIT:
         raise InvalidArgumentError(f"rank {g.my_global_rank}: {op}: tag {tag} must be in [0, {USER_TAG_LIMIT}); "
                                    "larger tags are reserved for collectives")

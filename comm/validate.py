@@ -52,15 +52,17 @@ def resolve_group(group, what: str) -> Group:
     raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
 
 
-def check_tensor(tensor, what: str, collective: str, group: Group, packed: bool = False) -> None:
-    """``tensor`` is a tensor of a supported dtype on the backend's device, whose elements do not overlap in memory;
-    contiguous too, unless ``packed`` (a list item the call copies into or out of a flat buffer of its own).
+def check_tensor(tensor, what: str, collective: str, group: Group, packed: bool = False,
+                 any_dtype: bool = False) -> None:
+    """``tensor`` is a tensor of a supported dtype (any dtype with ``any_dtype``: point-to-point moves bytes) on the
+    backend's device, whose elements do not overlap in memory; contiguous too, unless ``packed`` (a list item the
+    call copies into or out of a flat buffer of its own).
 
     A single tensor that is not contiguous raises ``UnsupportedError``: the public function then runs the call on a
     contiguous copy and writes the result back (``staging.retry``); the user sees that error only where that cannot
     help.  Overlapping elements (a stride of 0, as ``expand`` makes) raise ``InvalidArgumentError``: a result cannot
     be written back into them, and torch's gloo reads past their storage."""
-    if (type(tensor) is torch.Tensor or isinstance(tensor, torch.Tensor)) and tensor.dtype in _DTYPES \
+    if (type(tensor) is torch.Tensor or isinstance(tensor, torch.Tensor)) and (tensor.dtype in _DTYPES or any_dtype) \
             and tensor.is_contiguous() and (tensor.is_cpu if group.on_cpu else tensor.device.type == group.device_type):
         return
     rank = group.my_global_rank
@@ -73,7 +75,7 @@ def check_tensor(tensor, what: str, collective: str, group: Group, packed: bool 
     if not contiguous and not packed:
         raise UnsupportedError(f"rank {rank}: {collective}: {what} is not contiguous (shape {tuple(tensor.shape)}, "
                                f"strides {tensor.stride()}); the collective runs on a contiguous copy")
-    if tensor.dtype not in _DTYPES:
+    if tensor.dtype not in _DTYPES and not any_dtype:
         raise UnsupportedError(f"rank {rank}: {collective}: {what} has dtype {tensor.dtype}, which backend "
                                f"{group.backend!r} does not move; use one of {[str(d) for d in SUPPORTED_DTYPES]}")
     if tensor.is_cpu if group.on_cpu else tensor.device.type == group.device_type:
