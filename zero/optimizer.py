@@ -63,8 +63,8 @@ from .optim_factory import build_optimizer
 from .optimizer_state import OptimizerFactory
 from .param_groups import param_groups_of
 from .partition import flatten_params
-from .precision import (LossScaler, cast_inputs, clip_coefficient, compute_dtype, global_sum_of_squares,
-                        scale_outputs)
+from .precision import (LossScaler, cast_inputs, cast_module, clip_coefficient, compute_dtype,
+                        global_sum_of_squares, scale_outputs)
 from .replicated import ReplicatedParameters
 from .schedulers import build_scheduler
 from .sharded import ShardedParameters
@@ -186,6 +186,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                                      param_groups=self.groups.indices(named))
         self.param_names = [name for name, _ in named]
         self.params = [param for _, param in named]
+        if self.dtype != torch.float32:  # the rest of the module in the compute dtype, as DeepSpeed casts it
+            cast_module(model, self.dtype, self.params)
         full32 = flatten_params(self.params, self.layouts, torch.float32)
         self._broadcast_initial_state(full32)
         if sharded:
