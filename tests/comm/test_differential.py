@@ -2,12 +2,14 @@
 
 hypothesis draws cases over every collective and list form and point-to-point (``send``/``recv`` and
 ``isend``/``irecv``), 11 dtypes (zerocomm's nine, and int16 and complex64), every reduce op, the shape classes
-0-dim, empty, odd sizes and large (~20-40K elements), the layouts contiguous, transposed (``x.t()``) and sliced
+0-dim, empty, odd sizes and large (10-40K elements), the layouts contiguous, transposed (``x.t()``) and sliced
 (``x[:, ::2]``), every root and pair, uneven ``all_to_all_single`` splits, blocking and ``async_op``.  Each case runs
 on torch's own gloo group and on zerocomm's, in the same forked ranks (support/differential_checks.py), with
 ``algorithm`` left to "auto" and then with every algorithm the capability matrix says serves the cell.  Tensors
 whose elements share memory (``expand``) are left out: torch's gloo reads past their storage (and the process
-aborts); zerocomm refuses them (tests/comm/test_errors.py).
+aborts); zerocomm refuses them (tests/comm/test_errors.py).  A 0-dim ``reduce_scatter_tensor`` runs on zerocomm
+alone: torch's gloo segfaults on it.  Besides hypothesis's draw, every run includes ``explicit_cases``: bool with
+every op in the reducing forms, and a strided call of every list form and of point-to-point.
 
 A call of zerocomm's is judged against torch's result on contiguous tensors of the same values (torch's gloo
 refuses some strided layouts, e.g. ``send`` of ``x.t()``, and gets some wrong: its ``broadcast`` of ``x[:, ::2]``
@@ -17,8 +19,8 @@ contiguous case against torch's result as it is:
 * **agree**: served, every output equal to the reference (floats within the reduction-order bound below), every
   output still in the caller's tensor with its strides, and the memory around a sliced output untouched; or refused
   where torch refuses too;
-* **refused**: zerocomm refused, on every rank, with one of its typed errors (``CommError``) naming the rank and
-  the collective, where torch refuses too (counted in agree as well);
+* **refused**: zerocomm refused, on every rank, with one of its typed errors (``CommError``) naming the cell (the
+  rank, the collective, and the dtype or the op), where torch refuses too (counted in agree as well);
 * **wrong**: anything else: a refusal of what torch serves (with "auto", or with an algorithm the matrix lists for
   the cell), a different result, a layout not kept, an untyped error, a refusal on some ranks only;
 * **beyond**: served where torch refuses both layouts (no reference): every algorithm must then give the same
@@ -29,7 +31,9 @@ of them is exact in every float dtype, in any order: compared exactly, AVG withi
 For those, two reduction orders of n terms differ by at most (n - 1) roundings of a partial result on each side,
 each at most eps/2 of a partial sum bounded by sum |x_i| <= 4.5 n: ``|a - b| <= 2 n eps (|b| + 4.5 n)`` covers it.
 
-The summary line (cases, calls, agree, refused, wrong, beyond) is printed per world size at the end of the session.
+The summary line (cases, calls, agree, refused, wrong, beyond, and the cases where torch's own strided result
+differed from its contiguous one) is printed per world size at the end of the session; ``-s`` also lists those
+cases and every distinct refusal met.
 The examples are a fixed, derandomized draw (``EXAMPLES`` per world size), so CI runs the same cases every time.
 """
 from __future__ import annotations
@@ -38,7 +42,7 @@ import collections
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from support import differential_checks as checks
@@ -48,7 +52,7 @@ from support.worlds import STANDIN
 pytestmark = pytest.mark.skipif(STANDIN, reason="compares torch.distributed with zerocomm: no stand-in")
 
 EXAMPLES = 400
-"""Cases per world size (about 0.05 s each at 2 and 3 ranks on 2 cores: 40 s for both, all told)."""
+"""Drawn cases per world size (about 0.05 s each on 2 cores: some 45 s for both world sizes, all told)."""
 RUN_TIMEOUT_S = 60.0
 
 COLLECTIVES = tuple(checks.REGISTRY)
@@ -90,6 +94,25 @@ def cases(draw, n: int) -> dict:
             "seed": draw(st.integers(0, 2 ** 16))}
 
 
+def explicit_cases(n: int) -> list:
+    """Cases every run includes besides hypothesis's draw: bool's every op in the three reducing tensor forms (torch
+    computes SUM as or, PRODUCT as and), and a strided call of every list form and of point-to-point, blocking and
+    async."""
+    def case(collective, dtype, op, layout, shape, async_op=False, seed=5):
+        return {"collective": collective, "dtype": dtype, "torch_crashes": None, "op": op, "layout": layout,
+                "shape": shape, "root": n - 1, "peer": 0, "splits": None, "async_op": async_op, "exact": True,
+                "seed": seed}
+    cases = [case(collective, "bool", op, layout, (3, 4))
+             for op in OPS
+             for collective, layout in (("all_reduce", "transposed"), ("reduce", "contiguous"),
+                                        ("reduce_scatter_tensor", "sliced"), ("reduce_scatter", "transposed"))]
+    for collective in ("all_gather", "gather", "scatter", "all_to_all", "reduce_scatter", "broadcast", "send_recv"):
+        for async_op in (False, True):
+            cases.append(case(collective, "float32", "sum" if collective in REDUCING else None, "transposed", (3, 2),
+                              async_op))
+    return cases
+
+
 # -- judging -------------------------------------------------------------------------------------------
 
 def _bound(dtype: torch.dtype, n: int, op, exact: bool):
@@ -125,11 +148,14 @@ def _same(mine: dict, reference: dict, case: dict, n: int) -> list:
 
 
 def _named(outcome: dict, rank: int, case: dict) -> bool:
-    """A refusal that is zerocomm's typed error and names the rank and the collective."""
+    """A refusal that is zerocomm's typed error and names the cell: the rank, the collective, and the dtype or the op
+    it refuses."""
     text = outcome["message"].lower()
     collective = checks.REGISTRY[case["collective"]]
     names = ("send", "recv") if collective == "send/recv" else (collective,)
-    return outcome["typed"] and f"rank {rank}" in text and any(name in text for name in names)
+    cell = [case["dtype"]] + ([case["op"]] if case["op"] else [])
+    return outcome["typed"] and f"rank {rank}" in text and any(name in text for name in names) \
+        and any(word in text for word in cell)
 
 
 class Tally:
@@ -139,6 +165,8 @@ class Tally:
         self.wrong = []
         self.torch_wrong = []
         """Cases where torch's gloo served a layout with a result unlike its own on contiguous tensors."""
+        self.refusals = set()
+        """The distinct refusals (type and message) of zerocomm's that the suite met."""
         self.beyond = []
         """Calls zerocomm served where torch refused (or was not run): no reference but "auto"."""
 
@@ -192,6 +220,7 @@ class Tally:
                              f"{m['type']}: {m['message']}" for rank, m in enumerate(mine) if not _named(m, rank, case)]
                 if not problems:
                     self.counts["refused"] += 1
+                    self.refusals.add(f"{mine[0]['type']}: {mine[0]['message'][:160]}")
             if problems:
                 self.counts["wrong"] += 1
                 self.wrong.append(f"{_describe(case)} algorithm={algorithm}: " + " | ".join(problems))
@@ -222,18 +251,21 @@ def test_zerocomm_serves_what_torch_gloo_serves_with_equal_results(both_world, d
     n = both_world.world_size
     tally = Tally(n)
 
-    @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
-    @given(case=cases(n))
     def one(case):
         tally.judge(case, both_world.run(checks.run_case, case, timeout=RUN_TIMEOUT_S))
 
+    run = given(case=cases(n))(one)
+    for explicit in explicit_cases(n):
+        run = example(case=explicit)(run)
+    run = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+                   phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))(run)
     try:
-        one()
+        run()
     finally:
         differential_summary.append(tally.line())
         # shown with -s, and where a rank failure ends the run early
         print("\n".join([tally.line(), "wrong:"] + tally.wrong[:40] + ["torch's own result differed on:"]
-                        + tally.torch_wrong + ["served beyond torch:"] + tally.beyond))
+                        + tally.torch_wrong + ["served beyond torch:"] + tally.beyond + ["refusals:"]
+                        + sorted(tally.refusals)))
     assert not tally.wrong, f"{len(tally.wrong)} wrong calls ({tally.line()}):\n" + "\n".join(tally.wrong[:40])
     assert tally.counts["agree"] > tally.counts["refused"] > 0, tally.line()
