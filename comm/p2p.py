@@ -32,8 +32,8 @@ def _peer(g: Group, global_rank, group_rank, role: str, op: str) -> int:
 
 def _check(tensor, tag: int, op: str, g: Group, receive: bool) -> tuple:
     """``(buffer, destination)``: the buffer ``tensor`` (of any dtype: its bytes travel) travels as after the checks
-    (a complex tensor as its real view; one that is not contiguous as a contiguous copy, or for a receive an empty contiguous buffer), and where a
-    receive's buffer is copied once it completes (``None``: the buffer is the caller's tensor)."""
+    (a complex tensor as its real view; one that is not contiguous as a contiguous copy, or for a receive an empty
+    contiguous buffer), and where a receive's buffer is copied once it completes (``None``: the caller's tensor)."""
     moved = validate._real(tensor, op, g)
     buffer, destination = moved, None
     if isinstance(moved, torch.Tensor) and moved.layout is torch.strided and not moved.is_contiguous():

@@ -209,8 +209,9 @@ class Tally:
                         problems += [f"rank {rank}: {p}" for p in _same(m, against[rank], case, n)]
                 if not problems and reference is None:
                     self.counts["beyond"] += 1
-                    self.beyond.append(f"{_describe(case)} algorithm={algorithm} (torch: {per_rank[0]['torch']['type']}: "
-                                       f"{per_rank[0]['torch']['message'][:120]})")
+                    refusal = per_rank[0]["torch"]
+                    self.beyond.append(f"{_describe(case)} algorithm={algorithm} (torch: {refusal['type']}: "
+                                       f"{refusal['message'][:120]})")
             else:
                 if reference is not None:
                     problems.append(f"refused what torch serves: {mine[0]['type']}: {mine[0]['message']}")
