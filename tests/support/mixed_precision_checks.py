@@ -125,8 +125,7 @@ def ddp_autocast_losses(name: str, precision: str, steps: int, lr: float) -> dic
     from torch.nn.parallel import DistributedDataParallel
 
     make, batch, loss_fn = MODELS[name]
-    group = td.new_group(backend="gloo")
-    model = DistributedDataParallel(make(), process_group=group)
+    model = DistributedDataParallel(make(), process_group=_gloo_group())
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
     low = DTYPES[precision]
@@ -144,8 +143,19 @@ def ddp_autocast_losses(name: str, precision: str, steps: int, lr: float) -> dic
             scaler.update()
         optimizer.zero_grad()
         losses.append(loss.item())
-    td.destroy_process_group(group)
     return {"losses": losses}
+
+
+_GLOO = []
+
+
+def _gloo_group():
+    """This rank's group of torch's own gloo over the world, made at its first use and kept for the rank's life:
+    destroying a gloo group while a peer may still be reading the last message of its last collective can leave
+    that peer waiting."""
+    if not _GLOO:
+        _GLOO.append(td.new_group(backend="gloo"))
+    return _GLOO[0]
 
 
 def compare(name: str, stages: list, precision: str, steps: int, lr: float) -> dict:
