@@ -15,7 +15,11 @@ the default) and, for all_reduce, ``compression="onebit"``.
 List arguments (``gather_list``, ``scatter_list``, ``all_gather``'s ``tensor_list``,
 ``reduce_scatter``'s ``input_list``, ``all_to_all``'s lists) travel packed in one flat
 buffer and are copied back to the list after the collective, by whichever thread ran it,
-so ``async_op=True`` stays asynchronous.
+so ``async_op=True`` stays asynchronous; their tensors may be strided.  A single tensor that
+is not contiguous (``x.t()``, ``x[:, ::2]``) is refused by the full checks with an
+``UnsupportedError`` that the ``except`` below hands to ``staging.retry``: the call runs on a
+contiguous copy and the result is written back into the caller's tensor, strides kept (for
+``async_op=True``, when the returned ``Work`` completes).
 """
 from __future__ import annotations
 
@@ -68,7 +72,7 @@ def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group=None, async
                         (tensor,))
     try:
         return validate.broadcast(tensor, src, group, async_op, group_src, algorithm, key)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, broadcast, (tensor, src, group, async_op, group_src),
                              {"algorithm": algorithm}, group, async_op)
 
@@ -95,7 +99,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, a
                         (tensor,))
     try:
         return validate.all_reduce(tensor, op, group, async_op, algorithm, compression, compression_state, key)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, all_reduce, (tensor, op, group, async_op),
                              {"algorithm": algorithm, "compression": compression,
                               "compression_state": compression_state}, group, async_op)
@@ -118,7 +122,7 @@ def reduce(tensor: torch.Tensor, dst: Optional[int] = None, op=ReduceOp.SUM, gro
                         nbytes // plan.itemsize, (tensor,))
     try:
         return validate.reduce(tensor, dst, op, group, async_op, group_dst, algorithm, key)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, reduce, (tensor, dst, op, group, async_op, group_dst),
                              {"algorithm": algorithm}, group, async_op)
 
@@ -148,7 +152,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
                         input_tensor.nbytes // plan.itemsize, (output_tensor,), (), (input_tensor,))
     try:
         return validate.all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorithm, key)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, all_gather_into_tensor, (output_tensor, input_tensor, group, async_op),
                              {"algorithm": algorithm}, group, async_op)
 
@@ -157,7 +161,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm: Op
     """``tensor_list[r]`` ← rank r's ``tensor``, on every rank. Every member calls it."""
     try:
         return validate.all_gather(tensor_list, tensor, group, async_op, algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, all_gather, (tensor_list, tensor, group, async_op),
                              {"algorithm": algorithm}, group, async_op)
 
@@ -167,7 +171,7 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
     """``gather_list[r]`` on ``dst`` ← rank r's ``tensor``; ``gather_list`` is given on ``dst`` only."""
     try:
         return validate.gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, gather, (tensor, gather_list, dst, group, async_op, group_dst),
                              {"algorithm": algorithm}, group, async_op)
 
@@ -177,7 +181,7 @@ def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = N
     """Rank r's ``tensor`` ← ``scatter_list[r]`` on ``src``; ``scatter_list`` is given on ``src`` only."""
     try:
         return validate.scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, scatter, (tensor, scatter_list, src, group, async_op, group_src),
                              {"algorithm": algorithm}, group, async_op)
 
@@ -200,7 +204,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
                          plan.op), input.nbytes, output.nbytes // plan.itemsize, (output,), (), (input,))
     try:
         return validate.reduce_scatter_tensor(output, input, op, group, async_op, algorithm, key)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, reduce_scatter_tensor, (output, input, op, group, async_op),
                              {"algorithm": algorithm}, group, async_op)
 
@@ -210,7 +214,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     """``output`` on rank r ← the ``op``-reduction over ranks of their ``input_list[r]``."""
     try:
         return validate.reduce_scatter(output, input_list, op, group, async_op, algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, reduce_scatter, (output, input_list, op, group, async_op),
                              {"algorithm": algorithm}, group, async_op)
 
@@ -224,7 +228,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     try:
         return validate.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op,
                                           algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, all_to_all_single,
                              (output, input, output_split_sizes, input_split_sizes, group, async_op),
                              {"algorithm": algorithm}, group, async_op)
@@ -235,7 +239,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     """``output_tensor_list[j]`` on rank r ← ``input_tensor_list[r]`` of rank j (sizes may differ per pair)."""
     try:
         return validate.all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend: staged through host memory
+    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
         return staging.retry(error, all_to_all, (output_tensor_list, input_tensor_list, group, async_op),
                              {"algorithm": algorithm}, group, async_op)
 

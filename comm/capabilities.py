@@ -138,8 +138,8 @@ from code with `zerocomm.comm.capabilities.lookup(...)` or take every cell with 
 (`python -m zerocomm.comm.capabilities --json`).
 
 In the tables below a row is (collective, algorithm) and a column a dtype.  **all** means every reduce op the
-dtype admits works (floats: SUM AVG PRODUCT MIN MAX; integers: SUM PRODUCT MIN MAX BAND BOR BXOR; bool: MIN MAX
-BAND BOR BXOR); otherwise the cell lists the ops that work; **—** means nothing works, and the reasons follow
+dtype admits works (floats: SUM AVG PRODUCT MIN MAX; integers: SUM PRODUCT MIN MAX BAND BOR BXOR; bool: SUM and
+MAX and BOR (logical or), PRODUCT and MIN and BAND (logical and), BXOR, as torch reduces bool); otherwise the cell lists the ops that work; **—** means nothing works, and the reasons follow
 each table.  Collectives that do not reduce show **yes**.  Algorithms: `native` is the backend's own
 implementation (or zerocomm's composition where the backend lacks one, as the native-operations table says);
 `ring`, `tree` and `recursive_doubling` are zerocomm's, written once over the backend's point-to-point layer;

@@ -2,7 +2,9 @@
 
 They go straight to the transport with the user's tag (below ``USER_TAG_LIMIT``),
 not through the group's executor: tags keep them apart from collectives' messages,
-and torch lets them overlap collectives too.  ``src``/``dst`` are global ranks,
+and torch lets them overlap collectives too.  A tensor that is not contiguous travels as a
+contiguous copy; a receive into one lands in a contiguous buffer that is copied into it when
+its ``Work`` completes (``wait``, or ``is_completed`` returning True).  ``src``/``dst`` are global ranks,
 ``group_src``/``group_dst`` ranks within ``group``, as in torch.
 """
 from __future__ import annotations
@@ -28,14 +30,24 @@ def _peer(g: Group, global_rank, group_rank, role: str, op: str) -> int:
     return peer
 
 
-def _check(tensor, tag: int, op: str, g: Group) -> torch.Tensor:
-    """``tensor`` as it travels (a complex one as its real view), after the checks."""
-    tensor = validate._real(tensor, op, g)
-    validate.check_tensor(tensor, "tensor", op, g)
+def _check(tensor, tag: int, op: str, g: Group, receive: bool) -> tuple:
+    """``(buffer, destination)``: the buffer ``tensor`` (of any dtype: its bytes travel) travels as after the checks
+    (a complex tensor as its real view; one that is not contiguous as a contiguous copy, or for a receive an empty
+    contiguous buffer), and where a receive's buffer is copied once it completes (``None``: the caller's tensor)."""
+    moved = validate._real(tensor, op, g)
+    buffer, destination = moved, None
+    if isinstance(moved, torch.Tensor) and moved.layout is torch.strided and not moved.is_contiguous():
+        validate.check_writable(moved, "tensor", op, g)
+        if receive:
+            buffer = torch.empty(moved.shape, dtype=moved.dtype, device=moved.device)
+            destination = moved
+        else:
+            buffer = moved.contiguous()
+    validate.check_tensor(buffer, "tensor", op, g, any_dtype=True)  # the transport moves its bytes, whatever dtype
     if not 0 <= int(tag) < USER_TAG_LIMIT:
         raise InvalidArgumentError(f"rank {g.my_global_rank}: {op}: tag {tag} must be in [0, {USER_TAG_LIMIT}); "
                                    "larger tags are reserved for collectives")
-    return tensor
+    return buffer, destination
 
 
 def _peer_error(g: Group, description: str, failure: PeerFailure) -> PeerError:
@@ -55,10 +67,12 @@ def _posted(g: Group, description: str, post, *args) -> Request:
 class _RequestWork(Work):
     """A ``Work`` over a transport request; completion is observed by a waiter thread only if asked for."""
 
-    def __init__(self, description: str, request: Request, g: Group, outputs, source: Optional[Callable] = None):
+    def __init__(self, description: str, request: Request, g: Group, outputs, source: Optional[Callable] = None,
+                 copy_back: Optional[tuple] = None):
         self._request = request
         self._group = g
         self._source = source
+        self._copy_back = copy_back  # (buffer, caller's tensor) of a receive into a tensor that is not contiguous
         self._lock = threading.Lock()
         super().__init__(description, concurrent.futures.Future(), outputs, g)
 
@@ -80,6 +94,9 @@ class _RequestWork(Work):
     def _settle(self, error) -> None:
         with self._lock:
             if not self._future.done():
+                if error is None and self._copy_back is not None:
+                    buffer, destination = self._copy_back
+                    destination.copy_(buffer)
                 if error is None:
                     self._future.set_result(None)
                 else:
@@ -114,7 +131,8 @@ def isend(tensor: torch.Tensor, dst: Optional[int] = None, group=None, tag: int 
     g = resolve_group(group, "isend")
     peer = _peer(g, dst, group_dst, "dst", "isend")
     description = f"isend to rank {g.ranks[peer]} (tag {tag})"
-    request = _posted(g, description, g.communicator.user_isend, _check(tensor, tag, "isend", g), peer, int(tag))
+    buffer, _ = _check(tensor, tag, "isend", g, receive=False)
+    request = _posted(g, description, g.communicator.user_isend, buffer, peer, int(tag))
     return _RequestWork(description, request, g, [tensor])
 
 
@@ -122,18 +140,20 @@ def irecv(tensor: torch.Tensor, src: Optional[int] = None, group=None, tag: int 
           group_src: Optional[int] = None) -> Optional[Work]:
     """Start receiving into ``tensor`` from ``src`` (any rank if both ``src`` and ``group_src`` are None)."""
     g = resolve_group(group, "irecv")
-    moved = _check(tensor, tag, "irecv", g)
+    moved, destination = _check(tensor, tag, "irecv", g, receive=True)
+    copy_back = None if destination is None else (moved, destination)
     if src is None and group_src is None:
         if not g.communicator.ANY_SOURCE:
             raise UnsupportedError(f"rank {g.my_global_rank}: irecv: backend {g.backend!r} cannot receive from any "
                                    "source; pass src")
         description = f"irecv from any rank (tag {tag})"
         request = _posted(g, description, g.communicator.irecv_any, moved, int(tag))
-        return _RequestWork(description, request, g, [tensor], source=lambda: g.ranks[request.source()])
+        return _RequestWork(description, request, g, [tensor], source=lambda: g.ranks[request.source()],
+                            copy_back=copy_back)
     peer = _peer(g, src, group_src, "src", "irecv")
     description = f"irecv from rank {g.ranks[peer]} (tag {tag})"
     request = _posted(g, description, g.communicator.user_irecv, moved, peer, int(tag))
-    return _RequestWork(description, request, g, [tensor], source=lambda: g.ranks[peer])
+    return _RequestWork(description, request, g, [tensor], source=lambda: g.ranks[peer], copy_back=copy_back)
 
 
 def send(tensor: torch.Tensor, dst: Optional[int] = None, group=None, tag: int = 0,

@@ -2,7 +2,8 @@
 
 Below ``comm.api`` every layer names an operator by a lower-case string
 ("sum", "avg", "product", "min", "max", "band", "bor", "bxor"); this module maps
-between the two and says which dtypes admit which operator.
+between the two and says which dtypes admit which operator.  On bool tensors SUM
+and PRODUCT are the logical or and and, as in torch (:func:`for_dtype`).
 """
 from __future__ import annotations
 
@@ -31,6 +32,17 @@ SUPPORTED_DTYPES = DTYPES
 
 #: ``ReduceOp`` → lower-case name, for lookups on the call path (``OP_NAMES.get(op)``).
 OP_NAMES = _NAMES
+
+#: bool's SUM and PRODUCT as torch reduces them: the logical or and the logical and, which the kernels name "bor"
+#: and "band" (their sum and product are not defined on bool: ``zerocomm.ops.op_admits``).
+BOOL_OPS = {"sum": "bor", "product": "band"}
+
+
+def for_dtype(name: str, dtype: torch.dtype) -> str:
+    """The kernels' name of op ``name`` on ``dtype``: bool's "sum" is "bor" and its "product" "band" (as torch
+    computes them), every other pair is as it is.  The comm layer looks ops up through it once per cell, before
+    choosing an algorithm, so every backend and algorithm sees an op the dtype admits."""
+    return BOOL_OPS.get(name, name) if dtype is torch.bool else name
 
 
 def op_name(op, *, collective: str, rank: int) -> str:

@@ -32,7 +32,7 @@ import torch
 
 from .algorithms import ALGORITHM_NAMES, ALGORITHMS, COMPRESSED
 from .errors import UnsupportedError
-from .reduce_op import op_admits
+from .reduce_op import for_dtype, op_admits
 
 log = logging.getLogger("zerocomm.comm.select")
 
@@ -60,6 +60,7 @@ def refusal(collective: str, backend, dtype: torch.dtype, op: Optional[str], alg
     ``one_host``: whether the group's ranks share one host (``None``: not known yet); only "shm" asks.
     """
     if op is not None:
+        op = for_dtype(op, dtype)  # bool's SUM and PRODUCT: or and and
         reason = op_admits(op, dtype)
         if reason is not None:
             return reason

@@ -1,29 +1,37 @@
-"""CUDA tensors on the host backends (gloo, MPI, shm), staged through pinned host memory as torch's gloo does.
+"""Tensors a collective cannot move as they are, run on copies it can: CUDA tensors on the host backends (gloo,
+MPI, shm), staged through pinned host memory as torch's gloo does, and tensors that are not contiguous.
 
-A collective called with CUDA tensors on a group whose backend moves CPU tensors runs as three steps:
+A collective called with such tensors runs as three steps:
 
-1. every CUDA tensor the collective reads is copied into a pinned host buffer of its shape and dtype on the
-   current CUDA stream, and the host waits for that stream (the collective reads host memory next);
-2. the same collective runs on the host buffers, through the same public function (so validation, the
-   algorithm choice, the mismatch check and tags are the host call's, unchanged);
-3. every CUDA tensor the collective writes gets its host buffer back: for a blocking call at once,
-   ``non_blocking`` on the current stream (stream-ordered, as an NCCL call's result is); for
-   ``async_op=True`` when the host call completes, on the thread that completes it, synchronized before
-   the returned ``Work`` completes, so whatever waits for it sees the data.
+1. every such tensor the collective reads is copied into a buffer of its shape and dtype -- pinned host memory
+   for a CUDA tensor on a group whose backend moves CPU tensors (on the current CUDA stream, and the host waits
+   for that stream: the collective reads host memory next), a contiguous tensor on the same device for one that
+   is not contiguous (``x.t()``, ``x[:, ::2]``); a tensor the collective only writes gets an empty buffer;
+2. the same collective runs on the buffers, through the same public function (so validation, the
+   algorithm choice, the mismatch check and tags are the contiguous call's, unchanged);
+3. every tensor the collective writes gets its buffer back, in place (its strides kept): for a blocking call at
+   once (``non_blocking`` on the current stream for a CUDA tensor: stream-ordered, as an NCCL call's result
+   is); for ``async_op=True`` when the inner call completes, on the thread that completes it, before the
+   returned ``Work`` completes, so whatever waits for it sees the data.
 
-Groups that the c10d backend "zerocomm" makes (``c10d.create``) take the other road where they can, as torch's
-device-to-backend map does: at the group's first CUDA call its members show one another which GPU they hold
-(host name and device UUID, an ``all_gather_object`` over the group), and where every member has a GPU of its
-own, an NCCL twin of the group (same ranks, through the same store) moves the CUDA tensors as they are from then
-on; where two share one (NCCL refuses that), they are staged.
+List arguments (``all_gather``'s ``tensor_list``, ``scatter_list``, ...) need no contiguous copy: the call packs
+them into a flat buffer of its own and copies results back item by item (``validate.py``); their CUDA tensors on
+a host group are staged like the others.
+
+Groups that the c10d backend "zerocomm" makes (``c10d.create``) take the other road for CUDA tensors where they
+can, as torch's device-to-backend map does: at the group's first CUDA call its members show one another which GPU
+they hold (host name and device UUID, an ``all_gather_object`` over the group), and where every member has a GPU
+of its own, an NCCL twin of the group (same ranks, through the same store) moves the CUDA tensors as they are from
+then on; where two share one (NCCL refuses that), they are staged.
 
 Pinned buffers come from torch's caching host allocator: a buffer released while its copy is in flight is
 not reused before the copy ends (torch records the copy's stream), and the next call of the same size gets
 it back without pinning again.
 
 The public collectives hand over to :func:`retry` when validation refused their tensors with an
-``UnsupportedError`` (a CUDA tensor on a CPU backend is refused there), so a call on CPU tensors, or on CUDA
-tensors over NCCL, runs exactly as before.  Any other refusal is raised as it was.
+``UnsupportedError`` (``validate.check_tensor`` refuses a CUDA tensor on a CPU backend and a tensor that is not
+contiguous so), so a call on contiguous tensors the backend moves runs exactly as before, with no test of its
+own.  Any other refusal is raised as it was.
 """
 from __future__ import annotations
 
@@ -133,26 +141,36 @@ def _pinned(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class _Mirror:
-    """Host buffers for the CUDA tensors among a call's arguments, and the copies between them."""
+    """Buffers for the tensors among a call's arguments that cannot move as they are, and the copies between them.
 
-    def __init__(self):
-        self.back: List[tuple] = []  # (device tensor, host buffer) pairs to copy back
+    ``to_host``: the call's group moves CPU tensors, so CUDA tensors (single or in lists) get pinned host buffers;
+    single tensors that are not contiguous get contiguous ones either way."""
+
+    def __init__(self, to_host: bool):
+        self.to_host = to_host
+        self.back: List[tuple] = []  # (caller's tensor, buffer) pairs to copy back
         self.streams: set = set()
 
     def host(self, value, read: bool, write: bool):
         if isinstance(value, torch.Tensor):
             return self._one(value, read, write)
-        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) and v.is_cuda for v in value):
+        if self.to_host and isinstance(value, (list, tuple)) \
+                and any(isinstance(v, torch.Tensor) and v.is_cuda for v in value):
             return [self._one(v, read, write) if isinstance(v, torch.Tensor) else v for v in value]
         return value
 
     def _one(self, tensor: torch.Tensor, read: bool, write: bool) -> torch.Tensor:
-        if not tensor.is_cuda:
-            return tensor
-        buffer = _pinned(tensor)
-        if read:
-            buffer.copy_(tensor, non_blocking=True)
-            self.streams.add(torch.cuda.current_stream(tensor.device))
+        if self.to_host and tensor.is_cuda:
+            buffer = _pinned(tensor)
+            if read:
+                buffer.copy_(tensor, non_blocking=True)
+                self.streams.add(torch.cuda.current_stream(tensor.device))
+        elif tensor.is_contiguous() or tensor.layout is not torch.strided:
+            return tensor  # moves as it is, or validation says why not
+        else:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+            if read:
+                buffer.copy_(tensor)  # on a CUDA device: on the current stream, which the collective follows
         if write:
             self.back.append((tensor, buffer))
         return buffer
@@ -163,9 +181,9 @@ class _Mirror:
 
     def copy_back(self, synchronize: bool) -> None:
         for tensor, buffer in self.back:
-            tensor.copy_(buffer, non_blocking=True)
+            tensor.copy_(buffer, non_blocking=tensor.is_cuda)
         if synchronize:
-            for device in {tensor.device for tensor, _ in self.back}:
+            for device in {tensor.device for tensor, _ in self.back if tensor.is_cuda}:
                 torch.cuda.current_stream(device).synchronize()
 
 
@@ -178,19 +196,31 @@ def _has_cuda(args: Sequence) -> bool:
     return False
 
 
+def _has_strided(args: Sequence, positions: tuple) -> bool:
+    """Whether a single tensor argument at ``positions`` is strided but not contiguous (one a copy can serve)."""
+    for index in positions:
+        value = args[index] if index < len(args) else None
+        if isinstance(value, torch.Tensor) and value.layout is torch.strided and not value.is_contiguous():
+            return True
+    return False
+
+
 def retry(error: Exception, collective: Callable, args: Sequence, kwargs: dict, group, async_op: bool):
     """A public collective refused its tensors with ``error`` (an ``UnsupportedError``): when some are on a CUDA
-    device and ``group`` moves CPU tensors, run ``collective(*args, **kwargs)`` on pinned host copies of them and
-    return what that returns (``None``, or for ``async_op`` a ``Work`` that completes once the results are back in
-    the CUDA tensors); otherwise raise ``error``."""
-    if not _has_cuda(args) or not host_group(group):
-        raise error
+    device and ``group`` moves CPU tensors, or some single tensor is not contiguous, run
+    ``collective(*args, **kwargs)`` on buffers it can move (see the module's note) and return what that returns
+    (``None``, or for ``async_op`` a ``Work`` that completes once the results are back in the caller's tensors);
+    otherwise raise ``error``."""
     name = collective.__name__
     reads, writes, group_at = ROLES[name]
-    twin = cuda_twin(_resolved(group))
-    if twin is not None:  # every member has a GPU of its own: NCCL moves the tensors as they are
-        return collective(*args[:group_at], twin, *args[group_at + 1:], **kwargs)
-    mirror = _Mirror()
+    to_host = _has_cuda(args) and host_group(group)
+    if not to_host and not _has_strided(args, reads + writes):
+        raise error
+    if to_host:
+        twin = cuda_twin(_resolved(group))
+        if twin is not None:  # every member has a GPU of its own: NCCL moves the tensors as they are
+            return collective(*args[:group_at], twin, *args[group_at + 1:], **kwargs)
+    mirror = _Mirror(to_host)
     host_args = [mirror.host(value, index in reads, index in writes) for index, value in enumerate(args)]
     mirror.wait_reads()
     work = collective(*host_args, **kwargs)
@@ -214,8 +244,10 @@ def retry(error: Exception, collective: Callable, args: Sequence, kwargs: dict, 
             done.set_exception(error)
 
     work.add_done_callback(finish)
-    outputs = [tensor for tensor, _ in mirror.back]
-    return Work(f"{name} (staged through host memory)", done, outputs, getattr(work, "_group", None))
+    callers = {id(buffer): tensor for tensor, buffer in mirror.back}
+    outputs = [callers.get(id(tensor), tensor) for tensor in getattr(work, "_outputs", ())]
+    how = "staged through host memory" if to_host else "through a contiguous copy"
+    return Work(f"{name} ({how})", done, outputs, getattr(work, "_group", None))
 
 
 __all__ = ["retry", "host_group", "ROLES", "offer_nccl", "offer_cuda_twin", "cuda_twin"]

@@ -24,7 +24,7 @@ from .algorithms.compressed import SUB_COLLECTIVES
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .plan import Call, Plan, plan_for, special_plan  # noqa: F401  (Call: the record, re-exported)
-from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, op_name
+from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, for_dtype, op_name
 from .sparse import all_reduce_sparse
 
 _DTYPES = frozenset(SUPPORTED_DTYPES)
@@ -52,25 +52,60 @@ def resolve_group(group, what: str) -> Group:
     raise InvalidArgumentError(f"{what}: group must be a zerocomm group or None, got {type(group).__name__}")
 
 
-def check_tensor(tensor, what: str, collective: str, group: Group) -> None:
-    """``tensor`` is a contiguous tensor of a supported dtype on the backend's device."""
-    if (type(tensor) is torch.Tensor or isinstance(tensor, torch.Tensor)) and tensor.dtype in _DTYPES \
+def check_tensor(tensor, what: str, collective: str, group: Group, packed: bool = False,
+                 any_dtype: bool = False) -> None:
+    """``tensor`` is a tensor of a supported dtype (any dtype with ``any_dtype``: point-to-point moves bytes) on the
+    backend's device, whose elements do not overlap in memory; contiguous too, unless ``packed`` (a list item the
+    call copies into or out of a flat buffer of its own).
+
+    A single tensor that is not contiguous raises ``UnsupportedError``: the public function then runs the call on a
+    contiguous copy and writes the result back (``staging.retry``); the user sees that error only where that cannot
+    help.  Overlapping elements (a stride of 0, as ``expand`` makes) raise ``InvalidArgumentError``: a result cannot
+    be written back into them, and torch's gloo reads past their storage."""
+    if (type(tensor) is torch.Tensor or isinstance(tensor, torch.Tensor)) and (tensor.dtype in _DTYPES or any_dtype) \
             and tensor.is_contiguous() and (tensor.is_cpu if group.on_cpu else tensor.device.type == group.device_type):
         return
     rank = group.my_global_rank
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"rank {rank}: {collective}: {what} must be a torch.Tensor, got "
                                    f"{type(tensor).__name__}")
-    if not tensor.is_contiguous():
-        raise InvalidArgumentError(f"rank {rank}: {collective}: {what} must be contiguous (shape {tuple(tensor.shape)}, "
-                                   f"strides {tensor.stride()}); call .contiguous() first")
-    if tensor.dtype not in _DTYPES:
+    contiguous = tensor.is_contiguous()
+    if not contiguous:
+        check_writable(tensor, what, collective, group)
+    if not contiguous and not packed:
+        raise UnsupportedError(f"rank {rank}: {collective}: {what} is not contiguous (shape {tuple(tensor.shape)}, "
+                               f"strides {tensor.stride()}); the collective runs on a contiguous copy")
+    if tensor.dtype not in _DTYPES and not any_dtype:
         raise UnsupportedError(f"rank {rank}: {collective}: {what} has dtype {tensor.dtype}, which backend "
                                f"{group.backend!r} does not move; use one of {[str(d) for d in SUPPORTED_DTYPES]}")
+    if tensor.is_cpu if group.on_cpu else tensor.device.type == group.device_type:
+        return  # a packed list item that is not contiguous
     device = group.device_type
     other = "nccl" if tensor.device.type == "cuda" else "gloo or mpi"
     raise UnsupportedError(f"rank {rank}: {collective}: {what} is on {tensor.device} but backend "
                            f"{group.backend!r} moves {device} tensors; move it to {device} or use backend {other!r}")
+
+
+def check_writable(tensor: torch.Tensor, what: str, collective: str, group: Group) -> None:
+    """No two elements of ``tensor`` share memory (tested where it is not contiguous), so a result can be copied into
+    it: a list item the call copies its result into, or any tensor a contiguous copy stands in for."""
+    if not tensor.is_contiguous() and overlaps(tensor):
+        raise InvalidArgumentError(f"rank {group.my_global_rank}: {collective}: {what}'s elements overlap in memory "
+                                   f"(shape {tuple(tensor.shape)}, strides {tensor.stride()}: a stride of 0, as "
+                                   ".expand() makes); pass .clone() or .contiguous()")
+
+
+def overlaps(tensor: torch.Tensor) -> bool:
+    """Whether two elements of ``tensor`` may share memory: its dims of more than one element, by increasing
+    stride, must each step past every offset the smaller ones reach (a sufficient test of no overlap; contiguous
+    tensors and every view that slicing, transposing or permuting makes pass it)."""
+    reach = 0
+    for stride, size in sorted((stride, size) for stride, size in zip(tensor.stride(), tensor.shape)
+                               if size > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
 
 
 def check_same_dtype(tensors: Sequence[torch.Tensor], dtype: torch.dtype, collective: str, group: Group) -> None:
@@ -144,7 +179,7 @@ def _real(tensor, collective: str, group: Group, op=None):
     if op is not None and not _td.supports_complex(op):
         raise InvalidArgumentError(f"rank {group.my_global_rank}: {collective} does not support {op} on complex "
                                    "tensors")
-    return torch.view_as_real(tensor) if tensor.is_contiguous() else tensor
+    return torch.view_as_real(tensor)
 
 
 def _reals(items, collective: str, group: Group):
@@ -152,14 +187,18 @@ def _reals(items, collective: str, group: Group):
 
 
 _SUM = ReduceOp.SUM
+_BOOL = torch.bool
 
 
 def _op(op, dtype: torch.dtype, collective: str, group: Group) -> str:
-    """The op's lower-case name; whether ``dtype`` admits it is part of the cell ``choose_algorithm`` checks."""
+    """The op's lower-case name, as the kernels name it for ``dtype`` (bool's SUM is "bor", its PRODUCT "band":
+    ``reduce_op.for_dtype``); whether ``dtype`` admits it is part of the cell ``choose_algorithm`` checks."""
     if op is _SUM:  # the default, by identity: hashing a ReduceOp costs more than the rest of this function
-        return "sum"
+        return "sum" if dtype is not _BOOL else "bor"
     name = OP_NAMES.get(op)
-    return name if name is not None else op_name(op, collective=collective, rank=group.my_global_rank)
+    if name is None:
+        name = op_name(op, collective=collective, rank=group.my_global_rank)
+    return name if dtype is not _BOOL else for_dtype(name, dtype)
 
 
 def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Optional[str], nbytes: Optional[int],
@@ -294,6 +333,7 @@ def all_gather(tensor_list, tensor, group, async_op, algorithm, key=None):
     check_same_dtype(tensor_list, tensor.dtype, "all_gather", g)
     for index, item in enumerate(tensor_list):
         check_numel(item, tensor.numel(), f"tensor_list[{index}]", "all_gather", g)
+        check_writable(item, f"tensor_list[{index}]", "all_gather", g)
     flat = torch.empty(g.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
     copy_out = tuple(zip(flat.view(g.size(), -1), tensor_list)) if tensor.numel() else ()
     plan = plan_for(g, "all_gather", tensor.dtype, None, -1, algorithm, async_op, None, "all_gather", "all_gather")
@@ -312,6 +352,7 @@ def gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm, key=
         check_same_dtype(gather_list, tensor.dtype, "gather", g)
         for index, item in enumerate(gather_list):
             check_numel(item, tensor.numel(), f"gather_list[{index}]", "gather", g)
+            check_writable(item, f"gather_list[{index}]", "gather", g)
         flat = torch.empty(g.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
         if tensor.numel():
             copy_out = tuple(zip(flat.view(g.size(), -1), gather_list))
@@ -408,7 +449,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm
     check_list_length(input_tensor_list, g.size(), "input_tensor_list", "all_to_all", g)
     check_list_length(output_tensor_list, g.size(), "output_tensor_list", "all_to_all", g)
     for index, item in enumerate(list(input_tensor_list) + list(output_tensor_list)):
-        check_tensor(item, f"tensor {index}", "all_to_all", g)
+        check_tensor(item, f"tensor {index}", "all_to_all", g, packed=True)
     dtype = input_tensor_list[0].dtype
     check_same_dtype(list(input_tensor_list) + list(output_tensor_list), dtype, "all_to_all", g)
     flat_in = torch.cat([item.reshape(-1) for item in input_tensor_list])

@@ -64,8 +64,8 @@ from .optimizer_state import OptimizerFactory
 from .param_groups import param_groups_of
 from .param_source import ParamSource, materialize
 from .partition import flatten_params
-from .precision import (LossScaler, cast_inputs, clip_coefficient, compute_dtype, global_sum_of_squares,
-                        scale_outputs)
+from .precision import (LossScaler, cast_inputs, cast_module, clip_coefficient, compute_dtype,
+                        global_sum_of_squares, scale_outputs)
 from .replicated import ReplicatedParameters
 from .schedulers import build_scheduler
 from .sharded import ShardedParameters
@@ -195,6 +195,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         streamed = sharded and param_source is not None  # stage 3 reads the source one unit at a time
         if param_source is not None and not sharded:
             materialize(param_source, self.params)  # stages 0-2 hold every parameter anyway
+        if self.dtype != torch.float32:  # the rest of the module in the compute dtype, as DeepSpeed casts it
+            cast_module(model, self.dtype, self.params)
         full32 = None if streamed else flatten_params(self.params, self.layouts, torch.float32)
         self._broadcast_initial_state(full32)
         if sharded:

@@ -148,6 +148,29 @@ def scale_outputs(output, scale: float):
     return output
 
 
+def cast_module(model: torch.nn.Module, dtype: torch.dtype, managed: Iterable[torch.Tensor]) -> int:
+    """Cast what ZeRO does not manage to ``dtype``, as DeepSpeed's ``module.bfloat16()`` / ``module.half()`` casts
+    the whole module: every floating-point parameter not in ``managed`` (frozen ones, ``requires_grad=False``: they
+    keep their ``Parameter`` object, so references to it stay valid) and every floating-point buffer (BatchNorm's
+    running statistics).  Integer buffers (``num_batches_tracked``) stay as they are.  The managed (trainable)
+    parameters are left alone: ZeRO keeps their float32 masters and makes them views of its flat buffer of ``dtype``
+    itself.  Returns the number of tensors cast."""
+    skip = {id(tensor) for tensor in managed}
+    cast = 0
+    with torch.no_grad():
+        for module in model.modules():
+            for name, param in module._parameters.items():
+                if param is not None and id(param) not in skip and param.is_floating_point() and param.dtype != dtype:
+                    param.data = param.data.to(dtype)
+                    skip.add(id(param))  # tied: once
+                    cast += 1
+            for name, buffer in module._buffers.items():
+                if buffer is not None and buffer.is_floating_point() and buffer.dtype != dtype:
+                    module._buffers[name] = buffer.to(dtype)
+                    cast += 1
+    return cast
+
+
 def cast_inputs(args, dtype: torch.dtype):
     """Floating-point tensors among ``args`` (nested tuples/lists/dicts) cast to ``dtype``."""
     if isinstance(args, torch.Tensor):

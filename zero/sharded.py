@@ -275,7 +275,9 @@ class ShardedParameters:
 
     # -- hooks ------------------------------------------------------------------------------------
     def install(self, model: nn.Module) -> list:
-        handles = []
+        # First of the model's forward pre-hooks: the persistent unit's post-step gather (started by ``after_step``,
+        # not waited for under ``overlap_comm``) must be complete before any module reads its parameters.
+        handles = [model.register_forward_pre_hook(lambda module, args: self.wait_all())]
         for u, plan in enumerate(self.units):
             if plan.persistent:
                 continue

@@ -87,9 +87,11 @@ def _average(buf: torch.Tensor, n: int) -> None:
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The flat contiguous ``tensor``'s bytes (an empty tensor may carry any stride: a fresh empty view)."""
-    if tensor.numel() == 0:
-        return torch.empty(0, dtype=torch.uint8)
+    """The flat contiguous ``tensor``'s bytes (an empty tensor may carry any stride: a fresh empty view; so may a
+    tensor of one element, ``torch.zeros(1, 2)[:, ::2]``, which ``view`` refuses as bytes: a unit-stride view)."""
+    numel = tensor.numel()
+    if numel <= 1:
+        return torch.empty(0, dtype=torch.uint8) if numel == 0 else tensor.as_strided((1,), (1,)).view(torch.uint8)
     return tensor.view(-1).view(torch.uint8)
 
 

@@ -169,8 +169,9 @@ _timedelta = datetime.timedelta
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A uint8 view of a contiguous tensor's bytes (gloo p2p moves bytes, not values)."""
-    if tensor.numel() == 0:  # an empty tensor may have any strides, which view() rejects
-        return torch.empty(0, dtype=torch.uint8)
+    numel = tensor.numel()
+    if numel <= 1:  # an empty tensor may have any strides, which view() rejects, and so may one of one element
+        return torch.empty(0, dtype=torch.uint8) if numel == 0 else tensor.as_strided((1,), (1,)).view(torch.uint8)
     return tensor.reshape(-1).view(torch.uint8)
 
 

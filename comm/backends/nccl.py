@@ -54,6 +54,14 @@ def nccl_available() -> Optional[str]:
     return None
 
 
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A uint8 view of a contiguous tensor's bytes (a tensor of one element may carry any stride, which ``view``
+    refuses as bytes: a unit-stride view of it then)."""
+    if tensor.numel() == 1:
+        return tensor.as_strided((1,), (1,)).view(torch.uint8)
+    return tensor.reshape(-1).view(torch.uint8)
+
+
 class NcclRequest(tuple, Request):
     """``NcclRequest((work, keep_alive))``: a torch NCCL ``Work`` as a :class:`Request`, with what must stay alive
     until it completes (the byte view a send or receive was given), or ``None``.  A tuple, so that making one
@@ -112,11 +120,11 @@ class NcclBackend(Backend):
 
     # -- point to point ---------------------------------------------------------------
     def isend(self, tensor, peer, tag) -> Request:
-        buf = tensor.reshape(-1).view(torch.uint8)
+        buf = _bytes(tensor)
         return NcclRequest((self.pg.send([buf], peer, 0), buf))
 
     def irecv(self, tensor, peer, tag) -> Request:
-        buf = tensor.reshape(-1).view(torch.uint8)
+        buf = _bytes(tensor)
         return NcclRequest((self.pg.recv([buf], peer, 0), buf))
 
     def user_isend(self, tensor, peer, tag) -> Request:

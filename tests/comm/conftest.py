@@ -1,4 +1,5 @@
-"""The capability matrix's one-line summary at the end of the session."""
+"""The one-line summaries at the end of the session: the capability matrix's, and the differential suite's (one
+per world size)."""
 import collections
 
 import pytest
@@ -25,6 +26,7 @@ class CapabilitySummary:
 
 
 _SUMMARY = CapabilitySummary()
+_DIFFERENTIAL: list = []
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +34,14 @@ def capability_summary():
     return _SUMMARY
 
 
+@pytest.fixture(scope="session")
+def differential_summary():
+    """Lines the differential suite (test_differential.py) appends, one per world size."""
+    return _DIFFERENTIAL
+
+
 def pytest_terminal_summary(terminalreporter):
     if _SUMMARY.passed or _SUMMARY.refused or _SUMMARY.skipped:
         terminalreporter.write_line(_SUMMARY.line())
+    for line in _DIFFERENTIAL:
+        terminalreporter.write_line(line)

@@ -42,8 +42,8 @@ def _tensor(values: np.ndarray, dtype: str) -> torch.Tensor:
 def _reduce(arrays, op: str, dtype: str) -> np.ndarray:
     stack = np.stack(arrays)
     if dtype == "bool":
-        return {"min": np.logical_and, "band": np.logical_and, "max": np.logical_or, "bor": np.logical_or,
-                "bxor": np.logical_xor}[op].reduce(stack, 0)
+        return {"min": np.logical_and, "band": np.logical_and, "product": np.logical_and, "max": np.logical_or,
+                "bor": np.logical_or, "sum": np.logical_or, "bxor": np.logical_xor}[op].reduce(stack, 0)
     if op == "avg":
         return stack.sum(0) / len(arrays)
     return {"sum": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum, "band": np.bitwise_and,
