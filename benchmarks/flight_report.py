@@ -47,7 +47,7 @@ def diverge(group_ranks: List[int], rows_by_rank: Dict[int, Optional[List[list]]
 
     ``rows_by_rank``: each member's records of the group (``None``: the rank wrote no file).  Returns
     ``{"seq": n, "missing": [ranks without call n], "differ": [ranks whose call n differs from the most
-    common one], "rows": {rank: row or None}}``.  Calls before the latest first record of any rank (a ring
+    common one, or in a tie from the lowest rank's], "rows": {rank: row or None}}``.  Calls before the latest first record of any rank (a ring
     that wrapped) are not compared: nothing is known of them."""
     known = {rank: rows for rank, rows in rows_by_rank.items() if rows is not None}
     if not known:
@@ -60,9 +60,8 @@ def diverge(group_ranks: List[int], rows_by_rank: Dict[int, Optional[List[list]]
     start = max(firsts) if len(firsts) == len(known) else 1
     for seq in range(start, max(lasts) + 1):
         rows = {rank: by_seq[rank].get(seq) for rank in known}
-        present = [row for row in rows.values() if row is not None]
-        keys = [tuple(row[i] for i in _SAME) for row in present]
-        common = max(set(keys), key=keys.count)
+        keys = [tuple(row[i] for i in _SAME) for rank, row in sorted(rows.items()) if row is not None]
+        common = max(keys, key=keys.count)  # the most common call; a tie: the lowest rank's
         missing = sorted(rank for rank, row in rows.items() if row is None)
         differ = sorted(rank for rank, row in rows.items()
                         if row is not None and tuple(row[i] for i in _SAME) != common)

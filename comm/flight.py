@@ -23,6 +23,7 @@ error names the ranks that did not arrive and what each last called.  ``ZEROCOMM
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import socket
@@ -39,6 +40,8 @@ MASK = RING - 1
 PUBLISH_S = 0.5
 #: Seconds an error may spend reading its peers' heads from the store.
 READ_S = 2.0
+#: How many destroyed groups' heads a rank keeps publishing.
+CLOSED_KEPT = 16
 #: The store key of a rank's head (under the world's store).
 KEY = "zerocomm/flight/{rank}"
 #: The file a rank's record is written to under ``ZEROCOMM_FLIGHT_DUMP``.
@@ -203,6 +206,9 @@ class Publisher:
         self._lock = threading.Lock()  # one writer at a time: the thread, or an error path publishing now
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        #: The last heads of groups destroyed while the world lives (the newest :data:`CLOSED_KEPT`): a rank
+        #: that left a group still says what it last called there.
+        self._closed: Dict[str, list] = {}
         #: The first failure's text, kept for the dump.
         self.failure: Optional[str] = None
         if store is not None:
@@ -210,8 +216,22 @@ class Publisher:
             self._thread.start()
 
     def snapshot(self) -> str:
-        return json.dumps({"rank": self.rank, "t": round(time.time(), 3),
-                           "calls": head(list(self._groups.values()))}, separators=(",", ":"))
+        calls = dict(self._closed)
+        calls.update(head(list(self._groups.values())))
+        return json.dumps({"rank": self.rank, "t": round(time.time(), 3), "calls": calls}, separators=(",", ":"))
+
+    def closing(self, group) -> None:
+        """``group`` is being destroyed: keep its head, and publish it now."""
+        row = head([group]).get(group.name)
+        if row is not None:
+            self._closed.pop(group.name, None)
+            self._closed[group.name] = row
+            while len(self._closed) > CLOSED_KEPT:
+                self._closed.pop(next(iter(self._closed)))
+        try:
+            self.publish()
+        except Exception:  # the store's host left: nobody is left to read it
+            pass
 
     def publish(self) -> None:
         """Write the head now if it changed (its time aside); errors of the store are the reader's to report."""
@@ -265,6 +285,8 @@ class Publisher:
         return dict(found)
 
 
+#: Groups destroyed while the world lives (the newest :data:`CLOSED_KEPT`): dumps still write their records.
+_CLOSED: collections.deque = collections.deque(maxlen=CLOSED_KEPT)
 #: The world's publisher (``init_process_group`` starts it, ``destroy_process_group`` stops it).
 PUBLISHER: Optional[Publisher] = None
 
@@ -275,8 +297,22 @@ def start(store, rank: int, world_size: int, groups) -> None:
     PUBLISHER = Publisher(store, rank, world_size, groups)
 
 
+def closing(group) -> None:
+    """``destroy_process_group(group)``: the record of ``group`` (``ZEROCOMM_FLIGHT_DUMP``), and its last head
+    kept in what this rank publishes."""
+    try:
+        dump()
+    except Exception:
+        pass
+    if group not in _CLOSED:
+        _CLOSED.append(group)
+    if PUBLISHER is not None:
+        PUBLISHER.closing(group)
+
+
 def stop() -> None:
     global PUBLISHER
+    _CLOSED.clear()
     publisher, PUBLISHER = PUBLISHER, None
     if publisher is not None:
         publisher.stop()
@@ -364,7 +400,8 @@ def dump(groups=None) -> Optional[str]:
     world = WORLD.default
     if world is None:
         return None
-    groups = list(WORLD.groups.values()) if groups is None else groups
+    if groups is None:
+        groups = [group for group in _CLOSED if group not in WORLD.groups.values()] + list(WORLD.groups.values())
     publisher = PUBLISHER
     content = {
         "rank": world.my_global_rank, "world_size": world.size(), "host": socket.gethostname(),

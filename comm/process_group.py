@@ -346,7 +346,7 @@ def destroy_process_group(group=None) -> None:
         return
     g = getattr(group, "zerocomm_group", group)  # the handle new_group returned, or the group
     if isinstance(g, Group) and WORLD.groups.get(g.name) is g:
-        flight.dump()  # ZEROCOMM_FLIGHT_DUMP: the record with this group's calls in it
+        flight.closing(g)  # its record written (ZEROCOMM_FLIGHT_DUMP), its last call still published
         g.close()
         WORLD.groups.pop(g.name, None)
 
