@@ -4,9 +4,11 @@
 by ``Group.run`` -- the one place every collective passes (plan.py's "one path") -- as one tuple per call,
 in place, under the group's lock and without a lock of its own::
 
-    (seq, collective, nbytes, numel, dtype, algorithm, code, lasti)
+    (seq, check, nbytes, code, lasti)
 
-``seq`` is the group's call number (#1 is its first call), ``code``/``lasti`` the code object and
+``seq`` is the group's call number (#1 is its first call), ``check`` the call's ``Call.check`` -- its cell,
+``(collective, op, dtype, root, algorithm)`` as the mismatch check's small integers, made once per plan row --,
+``nbytes`` its size (``Call.nbytes``), ``code``/``lasti`` the code object and
 instruction offset of the caller's frame: the first frame outside the library (:func:`outside`), resolved
 to ``file:line`` only when a record is read.  A record's state is not written per call either: the group
 notes the tag of the call it started and of the last one it completed (``Group._flight_started`` and
@@ -156,11 +158,26 @@ def records(group) -> List[tuple]:
     return found
 
 
+def cell(check: tuple) -> tuple:
+    """``(collective, dtype, itemsize, algorithm)`` of a recorded ``Call.check`` (``check.fingerprint_cell``'s
+    integers; an internal call without one reads "internal")."""
+    from .algorithms import ALGORITHM_NAMES, COLLECTIVES
+    from .reduce_op import SUPPORTED_DTYPES
+    if not check[1]:
+        return "internal", "uint8", 1, "?"
+    collective, _, dtype_id, _, algorithm = check[1]
+    dtype = SUPPORTED_DTYPES[dtype_id] if 0 <= dtype_id < len(SUPPORTED_DTYPES) else None
+    return (COLLECTIVES[collective], "?" if dtype is None else str(dtype).replace("torch.", ""),
+            1 if dtype is None else dtype.itemsize, ALGORITHM_NAMES[algorithm])
+
+
 def as_row(group, record: tuple) -> list:
-    """A record as JSON: ``[seq, collective, nbytes, numel, dtype, algorithm, state, "file:line"]``."""
-    seq, collective, nbytes, numel, dtype, algorithm, code, lasti = record
-    return [seq - group._flight_origin, collective, nbytes, numel, str(dtype).replace("torch.", ""),
-            algorithm, state(group, record), where(code, lasti)]
+    """A record as JSON: ``[seq, collective, nbytes, numel, dtype, algorithm, state, "file:line"]`` (``numel``:
+    ``nbytes`` over the dtype's size)."""
+    seq, check, nbytes, code, lasti = record
+    collective, dtype, itemsize, algorithm = cell(check)
+    return [seq - group._flight_origin, collective, nbytes, nbytes // itemsize, dtype, algorithm,
+            state(group, record), where(code, lasti)]
 
 
 def head(groups) -> Dict[str, list]:

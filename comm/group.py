@@ -168,10 +168,13 @@ class Group:
             ring = self.flight
             if ring is not None:  # the flight recorder (flight.py): the call, and where the caller made it
                 frame = _getframe(3)  # Group.run <- Plan.run <- the public function <- usually the caller
-                if frame.f_code is not _CALLER[0]:
+                code = frame.f_code
+                if code is not _CALLER[0]:
                     frame = flight.outside(frame)
-                ring[seq & _FLIGHT_MASK] = (seq, call[0], call[12], call[13], call[14], call[5], frame.f_code,
-                                            frame.f_lasti)
+                    code = frame.f_code
+                # The call's cell (collective, op, dtype, root, algorithm: ``Call.check``) and size, read back by
+                # flight.py: two items of ``call``, so that recording costs as little as it can.
+                ring[seq & _FLIGHT_MASK] = (seq, call[16], call[12], code, frame.f_lasti)
             # Inline, under the lock: nothing is queued or running (so nothing can run beside it), and no
             # call issued after it can be queued before it ends.  A blocking call made on the executor
             # thread itself (from a Work's future callback) runs inline too: queueing it behind the task

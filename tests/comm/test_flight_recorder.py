@@ -133,10 +133,11 @@ class _FakeGroup:
 def _record(group, collective="all_reduce", nbytes=8):
     """What Group.run writes for one call."""
     from zerocomm.comm import flight
+    from zerocomm.comm import check
     group._seq += 1
     code = sys._getframe().f_code
-    group.flight[group._seq & flight.MASK] = (group._seq, collective, nbytes, nbytes // 4, torch.float32, "ring",
-                                              code, 0)
+    cell = check.fingerprint_cell(collective, "sum", torch.float32, -1, "ring")
+    group.flight[group._seq & flight.MASK] = (group._seq, (hash(cell), cell), nbytes, code, 0)
 
 
 def _tag(group, seq):
