@@ -229,7 +229,7 @@ class Publisher:
         #: The first failure's text, kept for the dump.
         self.failure: Optional[str] = None
         if store is not None:
-            self._thread = threading.Thread(target=self._serve, name="zerocomm-flight", daemon=True)
+            self._thread = threading.Thread(target=self._serve, name="zerocomm.flight", daemon=True)
             self._thread.start()
 
     def snapshot(self) -> str:
@@ -245,22 +245,28 @@ class Publisher:
             self._closed[group.name] = row
             while len(self._closed) > CLOSED_KEPT:
                 self._closed.pop(next(iter(self._closed)))
-        try:
-            self.publish()
-        except Exception:  # the store's host left: nobody is left to read it
-            pass
+        self.publish_now()
 
     def publish(self) -> None:
-        """Write the head now if it changed (its time aside); errors of the store are the reader's to report."""
-        if self.store is None:
+        """Write the head now if it changed (its time aside); errors of the store are the reader's to report.
+        Waits at most :data:`READ_S` for a write under way (a store that stopped answering holds it)."""
+        if self.store is None or not self._lock.acquire(timeout=READ_S):
             return
-        with self._lock:
+        try:
             text = self.snapshot()
             body = text[text.index(",\"calls\""):]
             if body == self._last:
                 return
             self.store.set(KEY.format(rank=self.rank), text)
             self._last = body
+        finally:
+            self._lock.release()
+
+    def publish_now(self) -> None:
+        """:meth:`publish` from an error path or ``destroy_process_group``: within :data:`READ_S`, never raising
+        (a store whose host is gone or stuck must not hold back the error or the destroy)."""
+        if self.store is not None:
+            _within(self.publish, READ_S)
 
     def _serve(self) -> None:
         while not self._stop.wait(PUBLISH_S):
@@ -273,10 +279,7 @@ class Publisher:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=READ_S)
-        try:
-            self.publish()
-        except Exception:
-            pass
+        self.publish_now()
 
     def read(self, ranks: List[int], timeout_s: float = READ_S) -> Dict[int, object]:
         """The heads of global ``ranks`` (a dict each) or the reason one is unavailable (a string), within
@@ -296,10 +299,22 @@ class Publisher:
                 except Exception as error:  # the store's host went away
                     found[rank] = f"unavailable (store: {type(error).__name__}: {str(error).splitlines()[0][:80]})"
 
-        reader = threading.Thread(target=fetch, name="zerocomm-flight-read", daemon=True)
-        reader.start()
-        reader.join(timeout_s)
+        _within(fetch, timeout_s)
         return dict(found)
+
+
+def _within(function, timeout_s: float) -> None:
+    """Run ``function`` on a daemon thread and wait for it at most ``timeout_s``; its errors are dropped (the
+    flight recorder only ever adds to an error, and must not raise one of its own)."""
+    def run():
+        try:
+            function()
+        except Exception:
+            pass
+
+    worker = threading.Thread(target=run, name="zerocomm.flight-store", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
 
 
 #: Groups destroyed while the world lives (the newest :data:`CLOSED_KEPT`): dumps still write their records.
@@ -355,16 +370,13 @@ def _note(group, collective: str, failed_peer: Optional[int], wait_s: float) -> 
     mine = head([group]).get(group.name)
     if mine is None:
         return ""
-    try:
-        publisher.publish()  # this rank's failing call, for the peers reading now
-    except Exception:
-        pass
+    publisher.publish_now()  # this rank's failing call, for the peers reading now
     peers = [rank for rank in group.ranks if rank != group.my_global_rank]
     deadline = time.monotonic() + wait_s
     while True:
         heads = publisher.read(peers)
-        behind = [rank for rank in peers if not isinstance(heads[rank], dict)
-                  or heads[rank]["calls"].get(group.name, [0])[0] < mine[0]]
+        behind = [rank for rank in peers if isinstance(heads[rank], dict)  # a rank without a record: no wait
+                  and heads[rank]["calls"].get(group.name, [0])[0] < mine[0]]
         if not behind or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
