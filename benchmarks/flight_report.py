@@ -1,6 +1,6 @@
 """``zerocomm-trace flight DIR``: merge the ranks' flight records and say where they parted.
 
-    ZEROCOMM_FLIGHT_DUMP=flight torchrun --nproc-per-node 4 train.py   # a hang: every rank writes flight/flight-rank<R>.json
+    ZEROCOMM_FLIGHT_DUMP=flight torchrun --nproc-per-node 4 train.py   # each rank: flight/flight-rank<R>.json
     zerocomm-trace flight flight
 
 Each rank writes its record (the last calls of each of its groups, see docs/failures.md) on a timeout or a lost
@@ -47,8 +47,8 @@ def diverge(group_ranks: List[int], rows_by_rank: Dict[int, Optional[List[list]]
 
     ``rows_by_rank``: each member's records of the group (``None``: the rank wrote no file).  Returns
     ``{"seq": n, "missing": [ranks without call n], "differ": [ranks whose call n differs from the most
-    common one, or in a tie from the lowest rank's], "rows": {rank: row or None}}``.  Calls before the latest first record of any rank (a ring
-    that wrapped) are not compared: nothing is known of them."""
+    common one, or in a tie from the lowest rank's], "rows": {rank: row or None}}``.  Calls before the latest
+    first record of any rank (a ring that wrapped) are not compared: nothing is known of them."""
     known = {rank: rows for rank, rows in rows_by_rank.items() if rows is not None}
     if not known:
         return None

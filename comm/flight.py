@@ -34,6 +34,7 @@ import time
 from typing import Dict, List, Optional
 
 from . import environment
+from .transport import USER_TAG_LIMIT
 
 #: Calls each group keeps (a power of two: a call's slot is ``seq & MASK``).
 RING = 256
@@ -131,15 +132,14 @@ def _reached(mark: Optional[int], tag: int, span: int) -> bool:
 
 def state(group, record: tuple) -> str:
     """A record's state, from the group's marks: the calls of a group run in order."""
-    from .group import _TAG_SPAN
-    from .transport import USER_TAG_LIMIT
-    tag = USER_TAG_LIMIT + record[0] % _TAG_SPAN  # the call's tag, as Group.run gave it
-    if _reached(group._flight_done, tag, _TAG_SPAN):
+    span = group.TAG_SPAN
+    tag = USER_TAG_LIMIT + record[0] % span  # the call's tag, as Group.run gave it
+    if _reached(group._flight_done, tag, span):
         return COMPLETED
     started = group._flight_started
     if started == tag:
         return FAILED if group.failure is not None else STARTED
-    if _reached(started, tag, _TAG_SPAN):  # a later call started: this one was issued to the backend
+    if _reached(started, tag, span):  # a later call started: this one was issued to the backend
         return FAILED if group.failure is not None else ISSUED
     return QUEUED
 
@@ -214,10 +214,11 @@ class Publisher:
     nothing is published and peers say so.  :meth:`stop` (``destroy_process_group``) writes the last head
     and ends the thread."""
 
-    def __init__(self, store, rank: int, world_size: int, groups) -> None:
+    def __init__(self, store, rank: int, world_size: int, groups, backend: str = "") -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
+        self.backend = backend
         self._groups = groups  # World.groups: read, never written, by the thread
         self._last: Optional[str] = None
         self._lock = threading.Lock()  # one writer at a time: the thread, or an error path publishing now
@@ -323,10 +324,12 @@ _CLOSED: collections.deque = collections.deque(maxlen=CLOSED_KEPT)
 PUBLISHER: Optional[Publisher] = None
 
 
-def start(store, rank: int, world_size: int, groups) -> None:
+def start(store, rank: int, world_size: int, groups, backend: str = "") -> None:
+    """A world was made: publish its rank's head through ``store`` (or nothing, where ``None``); ``groups``: the
+    world's groups by name (``World.groups``), read, never written."""
     global PUBLISHER
     stop()
-    PUBLISHER = Publisher(store, rank, world_size, groups)
+    PUBLISHER = Publisher(store, rank, world_size, groups, backend)
 
 
 def closing(group) -> None:
@@ -423,25 +426,21 @@ def dump(groups=None) -> Optional[str]:
     """Write this rank's record to ``$ZEROCOMM_FLIGHT_DUMP/flight-rank<R>.json``; the path, or ``None`` where
     the variable is unset or no world is up."""
     folder = environment.get("ZEROCOMM_FLIGHT_DUMP")
-    if not folder:
-        return None
-    from .group import WORLD
-    world = WORLD.default
-    if world is None:
+    publisher = PUBLISHER
+    if not folder or publisher is None:
         return None
     if groups is None:
-        groups = [group for group in _CLOSED if group not in WORLD.groups.values()] + list(WORLD.groups.values())
-    publisher = PUBLISHER
+        live = list(publisher._groups.values())
+        groups = [group for group in _CLOSED if group not in live] + live
     content = {
-        "rank": world.my_global_rank, "world_size": world.size(), "host": socket.gethostname(),
-        "pid": os.getpid(), "time": time.time(), "backend": world.backend,
-        "failure": None if publisher is None else publisher.failure,
+        "rank": publisher.rank, "world_size": publisher.world_size, "host": socket.gethostname(),
+        "pid": os.getpid(), "time": time.time(), "backend": publisher.backend, "failure": publisher.failure,
         "fields": ["seq", "collective", "nbytes", "numel", "dtype", "algorithm", "state", "where"],
         "groups": {group.name: {"ranks": group.ranks, "records": [as_row(group, r) for r in records(group)]}
                    for group in groups if group.flight is not None},
     }
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, DUMP_NAME.format(rank=world.my_global_rank))
+    path = os.path.join(folder, DUMP_NAME.format(rank=publisher.rank))
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w") as out:
         out.write(_readable(content))

@@ -66,6 +66,9 @@ class Group:
         handle: the torch c10d ``ProcessGroup`` that stands for this group in user code (``c10d.handle_of``).
     """
 
+    #: Tags cycle through this many values (``flight.py`` orders a group's calls by them).
+    TAG_SPAN = _TAG_SPAN
+
     def __init__(self, ranks: List[int], rank: int, communicator: Backend, timeout: datetime.timedelta,
                  backend: str, name: str):
         self.ranks = list(ranks)

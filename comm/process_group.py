@@ -281,7 +281,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         store = _make_torch_default(WORLD.default, communicator, timeout) or store
     # The flight recorder's heads go through the store the ranks met through (for MPI, the one served for
     # torch's default group; none where that is off: peers then say a rank's record is unavailable).
-    flight.start(store, communicator.rank, communicator.size, WORLD.groups)
+    flight.start(store, communicator.rank, communicator.size, WORLD.groups, world_backend)
     if WORLD.config.profile_path:
         from .profiler import Profiler
         WORLD.observers.append(Profiler())

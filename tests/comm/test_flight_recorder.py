@@ -121,6 +121,9 @@ def test_a_survivors_error_names_the_faulty_rank_and_its_last_call(world, kind, 
 class _FakeGroup:
     """What flight.py reads of a group: its ring, call number, marks, failure and name."""
 
+    from zerocomm.comm.group import Group
+    TAG_SPAN = Group.TAG_SPAN
+
     def __init__(self):
         from zerocomm.comm import flight
         self.flight = [None] * flight.RING
