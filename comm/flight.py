@@ -13,7 +13,8 @@ instruction offset of the caller's frame: the first frame outside the library (:
 to ``file:line`` only when a record is read.  A record's state is not written per call either: the group
 notes the tag of the call it started and of the last one it completed (``Group._flight_started`` and
 ``_flight_done``; its calls run in order), and :func:`state` derives queued / started / completed / failed
-from them.  The cost per call is one ``sys._getframe`` and a tuple (measured by ``tests/support/flight_cost.py``; docs/failures.md).
+from them.  The cost per call is one ``sys._getframe`` and a tuple (measured by ``tests/support/flight_cost.py``;
+docs/failures.md).
 
 A daemon thread per world (:class:`Publisher`) writes this rank's head -- the last call of each group --
 to the world's store, under ``zerocomm/flight/<global rank>``, about every :data:`PUBLISH_S` seconds and only
