@@ -89,7 +89,12 @@ def report(records: Dict[int, dict]) -> str:
         found = diverge(ranks, rows_by_rank)
         if found is None:
             count = max((rows[-1][0] for rows in rows_by_rank.values() if rows), default=0)
-            lines.append(f"group {name} (ranks {ranks}): no divergence in its {count} recorded call(s)")
+            unknown = [rank for rank in ranks if rows_by_rank[rank] is None]
+            if unknown:  # a rank that died writes nothing: its peers' failures (below) say what it last called
+                lines.append(f"group {name} (ranks {ranks}): the ranks with a record agree on their {count} "
+                             f"call(s); rank(s) {unknown} left none (see the failures below)")
+            else:
+                lines.append(f"group {name} (ranks {ranks}): no divergence in its {count} recorded call(s)")
             continue
         seq = found["seq"]
         lines.append(f"group {name} (ranks {ranks}): the ranks diverge first at call #{seq}")

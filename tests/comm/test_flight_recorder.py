@@ -233,3 +233,43 @@ def test_zerocomm_trace_flight_reads_a_folder(tmp_path):
         (tmp_path / f"flight-rank{rank}.json").write_text(json.dumps(_dump(rank, 2, {"world": rows})))
     report = _trace(tmp_path)
     assert "the ranks diverge first at call #2" in report and "missing at call #2: rank(s) [1]" in report, report
+
+
+# -- a peer that dies ------------------------------------------------------------------------------------------
+
+def _killed_peer(spec, folder: str) -> int:
+    """Rank 1 dies after call #2; rank 0 writes the text of its error on call #3 to ``folder``."""
+    os.environ["ZEROCOMM_FLIGHT_DUMP"] = folder
+    dist.init_process_group(**spec.kwargs(), timeout=datetime.timedelta(seconds=20))
+    x = torch.ones(2)
+    for _ in range(2):
+        dist.all_reduce(x)  # flight: before death
+    if dist.get_rank() == 1:
+        time.sleep(1.0)  # its head published (every 0.5 s)
+        os._exit(0)
+    try:
+        dist.all_reduce(x)
+        text = "no error"
+    except dist.CommError as error:
+        text = f"{type(error).__name__}: {error}"
+    Path(folder, "error.txt").write_text(text)
+    dist.destroy_process_group()
+    return 0
+
+
+def test_a_lost_peer_is_named_with_its_last_call(tmp_path):
+    """gloo (under MPI the launcher ends the job when a rank dies): the survivor raises at once, not at the
+    deadline, and names the dead rank's last call from what it published."""
+    from zerocomm.benchmarks.launch import run_forked
+    started = time.monotonic()
+    assert run_forked(2, "gloo", lambda spec: _killed_peer(spec, str(tmp_path))) == 0
+    assert time.monotonic() - started < 19, "the survivor waited for its deadline"
+    text = (tmp_path / "error.txt").read_text()
+    before = f"{HERE}:{_line('flight: before death')}"
+    assert text.startswith(("PeerError", "CommTimeoutError")), text
+    assert re.search(rf"rank 1 (did not arrive: it last called|was in) all_reduce #2 \(completed, 8 B float32, \w+\) "
+                     rf"at \S*{re.escape(before)}\b", text), text
+    assert (tmp_path / "flight-rank0.json").exists() and not (tmp_path / "flight-rank1.json").exists()
+    report = _trace(tmp_path)
+    assert "no record from rank(s) [1]" in report and "rank(s) [1] left none" in report, report
+    assert re.search(rf"its failure: .*rank 1 .*all_reduce #2 \(completed.*{re.escape(before)}", report), report
