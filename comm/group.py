@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import datetime
 import re
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -29,13 +30,18 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import check, shm
+from . import check, flight, shm
 from .config import CommConfig
 from .errors import CollectiveMismatchError, CommError, CommTimeoutError, NotInitializedError, PeerError
 from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import IssuedWork, Work
 
 _monotonic = time.monotonic
+_getframe = sys._getframe
+#: ``[the code of the last caller met first on a frame walk]`` (``flight.HOT``): a recorded call whose frame is
+#: that code's needs no walk (compared by identity: a code object's hash reads its whole bytecode).
+_CALLER = flight.HOT
+_FLIGHT_MASK = flight.MASK
 #: The checker whose check an "shm" call's own first sync runs, settled after the call if it never synced.
 _ARMS_FIRST_SYNC = check.in_first_sync
 
@@ -59,6 +65,9 @@ class Group:
         name: a name unique in the world, for messages and stores.
         handle: the torch c10d ``ProcessGroup`` that stands for this group in user code (``c10d.handle_of``).
     """
+
+    #: Tags cycle through this many values (``flight.py`` orders a group's calls by them).
+    TAG_SPAN = _TAG_SPAN
 
     def __init__(self, ranks: List[int], rank: int, communicator: Backend, timeout: datetime.timedelta,
                  backend: str, name: str):
@@ -86,6 +95,12 @@ class Group:
         #: function is a key is issued directly (see ``run``).
         self.issuers: Dict = {self.backend_type.NATIVE[name]: issue for name, issue in self.backend_type.ISSUE.items()}
         self._seq = communicator.tag_origin
+        #: The flight recorder's ring of this group's last calls, and the tags of the call it started and of
+        #: the last it completed (``flight.py``: a record's state derives from them).
+        self.flight: Optional[list] = [None] * flight.RING
+        self._flight_origin = self._seq
+        self._flight_started: Optional[int] = None
+        self._flight_done: Optional[int] = None
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the queue or the pending count changed
         self._pending = 0  # calls queued or running
@@ -151,8 +166,18 @@ class Group:
                     f"rank {self.my_global_rank}: {call.collective}: {self.describe()} is unusable after an earlier "
                     f"failure; destroy it and create it again (destroy_process_group, then init_process_group or "
                     f"new_group). The first failure: {self.failure}")
-            self._seq += 1
-            tag = USER_TAG_LIMIT + self._seq % _TAG_SPAN
+            self._seq = seq = self._seq + 1
+            tag = USER_TAG_LIMIT + seq % _TAG_SPAN
+            ring = self.flight
+            if ring is not None:  # the flight recorder (flight.py): the call, and where the caller made it
+                frame = _getframe(3)  # Group.run <- Plan.run <- the public function <- usually the caller
+                code = frame.f_code
+                if code is not _CALLER[0]:
+                    frame = flight.outside(frame)
+                    code = frame.f_code
+                # The call's cell (collective, op, dtype, root, algorithm: ``Call.check``) and size, read back by
+                # flight.py: two items of ``call``, so that recording costs as little as it can.
+                ring[seq & _FLIGHT_MASK] = (seq, call[16], call[12], code, frame.f_lasti)
             # Inline, under the lock: nothing is queued or running (so nothing can run beside it), and no
             # call issued after it can be queued before it ends.  A blocking call made on the executor
             # thread itself (from a Work's future callback) runs inline too: queueing it behind the task
@@ -171,14 +196,17 @@ class Group:
                 seconds = self._timeout_s if call.timeout is None else call.timeout
                 start = time.monotonic()
                 deadline = start + seconds
+                self._flight_started = tag
                 try:
                     try:
                         checker = call.checker
                         if checker is not None and checker(call, tag, deadline):  # the all_reduce rode in the check
+                            self._flight_done = tag
                             return IssuedWork(call, self, None, None, start, seconds)
                         if issue is None:  # a riding call whose check did not carry it after all: it runs now
                             call.function(self.communicator, *call.args, tag=tag, deadline=deadline,
                                           segment_bytes=self.segment_bytes)
+                            self._flight_done = tag
                             return IssuedWork(call, self, None, None, start, seconds)
                         request, after = issue(self.communicator, *call.args, tag=tag, deadline=deadline,
                                                segment_bytes=self.segment_bytes)
@@ -239,6 +267,7 @@ class Group:
         seconds = self._timeout_s if call.timeout is None else call.timeout
         start = _monotonic()
         deadline = start + seconds
+        self._flight_started = tag
         try:
             # The mismatch check wraps the call (check.py): a round of its own before the call, or, for an "shm"
             # call, armed here and compared in the call's first sync (settled below if the call never synced).
@@ -260,6 +289,9 @@ class Group:
                 check.settle(call, deadline)
         except (TimeoutError, PeerFailure, shm.CallMismatch) as error:
             raise self._typed(call, error, deadline, seconds, start) from None
+        except CollectiveMismatchError as error:  # named by the check's all-gather: the peers' calls beside it
+            raise CollectiveMismatchError(f"{error}{flight.note(self, call.collective, wait_s=1.5)}") from None
+        self._flight_done = tag
         if call.copy_out:
             for source, destination in call.copy_out:
                 destination.copy_(source.view(destination.shape))
@@ -284,7 +316,7 @@ class Group:
         except TimeoutError as error:
             return self._timed_out(collective, seconds, error, start)
         except CollectiveMismatchError as error:
-            return error
+            return CollectiveMismatchError(f"{error}{flight.note(self, collective, wait_s=1.5)}")
         return CollectiveMismatchError(f"rank {self.my_global_rank}: {collective} on {self.describe()}: the ranks' "
                                        f"call digests differed")
 
@@ -293,17 +325,20 @@ class Group:
         return self._failed(CommTimeoutError(
             f"rank {self.my_global_rank}: {collective} on {self.describe()} timed out after "
             f"{(time.monotonic() - start) * 1000:.0f} ms (deadline {seconds * 1000:.0f} ms: the timeout given to "
-            f"init_process_group or new_group, or to this call) waiting for {self._in_rank_space(error)}"))
+            f"init_process_group or new_group, or to this call) waiting for {self._in_rank_space(error)}."
+            f"{flight.note(self, collective)}"))
 
     def _peer_failed(self, collective: str, failure: PeerFailure) -> CommError:
         return self._failed(PeerError(
             f"rank {self.my_global_rank}: {collective} on {self.describe()} failed: "
-            f"{self.peer_name(failure.peer)} failed or went away ({self._in_rank_space(failure)})"))
+            f"{self.peer_name(failure.peer)} failed or went away ({self._in_rank_space(failure)})."
+            f"{flight.note(self, collective, None if failure.peer is None else self.ranks[failure.peer])}"))
 
     def _failed(self, error: CommError) -> CommError:
         # No lock: an inline call fails while holding it; a second failure racing the first changes nothing.
         if self.failure is None:
             self.failure = error
+            flight.failed(self, str(error))  # ZEROCOMM_FLIGHT_DUMP: this rank's record, now
         return error
 
     def _call(self, call, tag: int, deadline: float, segment_bytes: int, communicator=None) -> None:

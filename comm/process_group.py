@@ -36,7 +36,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as td
 
-from . import slurm
+from . import flight, slurm
 from .backends import BACKENDS, STAND_INS, backend_class
 from .config import CommConfig
 from .errors import CommError, CommTimeoutError, InvalidArgumentError, PeerError, UnsupportedError
@@ -276,8 +276,12 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     WORLD.groups["world"] = WORLD.default
     if cuda_backend is not None:  # one world for CPU and CUDA tensors, as torch's "cpu:gloo,cuda:nccl"
         _offer_cuda_twin(WORLD.default, communicator, cuda_backend, backend)
+    store = getattr(communicator, "store", None)
     if config.torch_default_group:
-        _make_torch_default(WORLD.default, communicator, timeout)
+        store = _make_torch_default(WORLD.default, communicator, timeout) or store
+    # The flight recorder's heads go through the store the ranks met through (for MPI, the one served for
+    # torch's default group; none where that is off: peers then say a rank's record is unavailable).
+    flight.start(store, communicator.rank, communicator.size, WORLD.groups, world_backend)
     if WORLD.config.profile_path:
         from .profiler import Profiler
         WORLD.observers.append(Profiler())
@@ -288,12 +292,13 @@ def _offer_cuda_twin(group: Group, communicator, cuda_backend: str, backend_stri
     staging.offer_cuda_twin(group, communicator.store, objects.all_gather_object, cuda_backend, backend_string)
 
 
-def _make_torch_default(world: Group, communicator, timeout: datetime.timedelta) -> None:
+def _make_torch_default(world: Group, communicator, timeout: datetime.timedelta):
     """torch's default group becomes ``world`` (``c10d.make_torch_default``), its store the world's: the one
-    the ranks met through, or for MPI one served by rank 0."""
+    the ranks met through, or for MPI one served by rank 0.  Returns that store (``None`` where the program
+    made torch's group itself)."""
     from . import c10d  # c10d imports the modules above this one: a late import
     if td.is_initialized():  # the program made torch's group itself and keeps it (before an MPI store is served)
-        return
+        return None
     store = getattr(communicator, "store", None)
     if store is None:
         from . import topology
@@ -303,6 +308,7 @@ def _make_torch_default(world: Group, communicator, timeout: datetime.timedelta)
         c10d.make_torch_default(world, store)
     except (RuntimeError, OSError, td.DistError) as error:
         raise _init_failure(error, world.backend, world.rank, timeout, 0.0) from error
+    return store
 
 
 def _write_env_profiles() -> None:
@@ -332,12 +338,15 @@ def destroy_process_group(group=None) -> None:
     """Destroy ``group``, or every group and the default one when ``group`` is None."""
     if group is None:
         _write_env_profiles()
+        flight.dump()  # ZEROCOMM_FLIGHT_DUMP: every group's record, before the groups go
+        flight.stop()  # its last head published, its thread ended
         from . import c10d
         c10d.release_torch_default()
         WORLD.reset()
         return
     g = getattr(group, "zerocomm_group", group)  # the handle new_group returned, or the group
     if isinstance(g, Group) and WORLD.groups.get(g.name) is g:
+        flight.closing(g)  # its record written (ZEROCOMM_FLIGHT_DUMP), its last call still published
         g.close()
         WORLD.groups.pop(g.name, None)
 

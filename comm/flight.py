@@ -1,0 +1,460 @@
+"""The flight recorder: each rank's last calls, always kept, published for its peers, written on failure.
+
+[Note: flight recorder]  Every group keeps a ring of its last :data:`RING` calls (``Group.flight``), written
+by ``Group.run`` -- the one place every collective passes (plan.py's "one path") -- as one tuple per call,
+in place, under the group's lock and without a lock of its own::
+
+    (seq, check, nbytes, code, lasti)
+
+``seq`` is the group's call number (#1 is its first call), ``check`` the call's ``Call.check`` -- its cell,
+``(collective, op, dtype, root, algorithm)`` as the mismatch check's small integers, made once per plan row --,
+``nbytes`` its size (``Call.nbytes``), ``code``/``lasti`` the code object and
+instruction offset of the caller's frame: the first frame outside the library (:func:`outside`), resolved
+to ``file:line`` only when a record is read.  A record's state is not written per call either: the group
+notes the tag of the call it started and of the last one it completed (``Group._flight_started`` and
+``_flight_done``; its calls run in order), and :func:`state` derives queued / started / completed / failed
+from them.  The cost per call is one ``sys._getframe`` and a tuple (measured by ``tests/support/flight_cost.py``;
+docs/failures.md).
+
+A daemon thread per world (:class:`Publisher`) writes this rank's head -- the last call of each group --
+to the world's store, under ``zerocomm/flight/<global rank>``, about every :data:`PUBLISH_S` seconds and only
+when it changed.  A rank stuck in Python (or waiting in a collective) still answers through it.  When a call
+times out or loses a peer, :func:`note` reads the peers' heads from the store (within a short bound) and the
+error names the ranks that did not arrive and what each last called.  ``ZEROCOMM_FLIGHT_DUMP=dir`` makes
+:func:`dump` write ``dir/flight-rank<R>.json`` on such a failure and at ``destroy_process_group``;
+``zerocomm-trace flight dir`` (``benchmarks/flight_report.py``) merges them.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import socket
+import threading
+import time
+from typing import Dict, List, Optional
+
+from . import environment
+from .transport import USER_TAG_LIMIT
+
+#: Calls each group keeps (a power of two: a call's slot is ``seq & MASK``).
+RING = 256
+MASK = RING - 1
+#: Seconds between two looks of the publisher thread at this rank's head.
+PUBLISH_S = 0.5
+#: Seconds an error may spend reading its peers' heads from the store.
+READ_S = 2.0
+#: How many destroyed groups' heads a rank keeps publishing.
+CLOSED_KEPT = 16
+#: The store key of a rank's head (under the world's store).
+KEY = "zerocomm/flight/{rank}"
+#: The file a rank's record is written to under ``ZEROCOMM_FLIGHT_DUMP``.
+DUMP_NAME = "flight-rank{rank}.json"
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The library's folders: frames in them are not a caller's (``tests`` and ``benchmarks`` use the library as
+#: users do).  torch.distributed's own frames are passed over too: a call made through torch's API (DDP's
+#: reducer, ``torch.distributed.all_reduce`` on a zerocomm world) is the user's line above them.
+_LIBRARY_DIRS = tuple(os.path.join(_PACKAGE, name) + os.sep for name in ("comm", "zero", "ops", "integrations"))
+_LIBRARY_FILES = (os.path.join(_PACKAGE, "__init__.py"),)
+try:
+    import torch.distributed as _td
+    _LIBRARY_DIRS += (os.path.dirname(os.path.abspath(_td.__file__)) + os.sep,)
+except ImportError:  # pragma: no cover - torch is a dependency
+    pass
+
+#: Code objects met by :func:`outside`, by ``id`` (a code object's own hash reads its whole bytecode and
+#: constants: far too slow for every call): ``id -> (code, is the library's)``; the code is kept so that its
+#: id is never reused while it is in here.
+_KNOWN: Dict[int, tuple] = {}
+_KNOWN_LIMIT = 1 << 14  # code made at run time (exec) could be endless: forget and learn again past this
+#: ``HOT[0]``: the last caller's code met first on a call's frame walk.  ``Group.run`` compares a call's
+#: frame with it by identity and calls :func:`outside` only where it differs.
+HOT: list = [None]
+
+
+class _Nowhere:
+    """A frame stand-in for a call with no caller outside the library (a hook on a thread of torch's)."""
+    f_code = None
+    f_lasti = -1
+
+
+NOWHERE = _Nowhere()
+
+
+def _is_library(code) -> bool:
+    name = code.co_filename
+    if not name.startswith("<"):
+        name = os.path.abspath(name)
+    return name.startswith(_LIBRARY_DIRS) or name in _LIBRARY_FILES
+
+
+def outside(frame):
+    """The first frame from ``frame`` up that is not the library's (or :data:`NOWHERE`)."""
+    first = True
+    while frame is not None:
+        code = frame.f_code
+        known = _KNOWN.get(id(code))
+        if known is None or known[0] is not code:
+            if len(_KNOWN) >= _KNOWN_LIMIT:
+                _KNOWN.clear()
+            known = _KNOWN[id(code)] = (code, _is_library(code))
+        if not known[1]:
+            if first:
+                HOT[0] = code
+            return frame
+        first = False
+        frame = frame.f_back
+    return NOWHERE
+
+
+def where(code, lasti: int) -> str:
+    """``file:line`` of a recorded caller (``?`` where none was outside the library)."""
+    if code is None:
+        return "?"
+    line = code.co_firstlineno
+    for start, end, number in code.co_lines():
+        if start <= lasti < end:
+            line = number if number is not None else line
+            break
+    return f"{code.co_filename}:{line}"
+
+
+# -- reading a group's ring ---------------------------------------------------------------------------
+
+QUEUED, STARTED, COMPLETED, FAILED, ISSUED = "queued", "started", "completed", "failed", "issued"
+
+
+def _reached(mark: Optional[int], tag: int, span: int) -> bool:
+    """Whether the call of tag ``mark`` is ``tag``'s or after it (tags cycle through a span far wider than
+    the calls a ring holds)."""
+    return mark is not None and (mark - tag) % span < span // 2
+
+
+def state(group, record: tuple) -> str:
+    """A record's state, from the group's marks: the calls of a group run in order."""
+    span = group.TAG_SPAN
+    tag = USER_TAG_LIMIT + record[0] % span  # the call's tag, as Group.run gave it
+    if _reached(group._flight_done, tag, span):
+        return COMPLETED
+    started = group._flight_started
+    if started == tag:
+        return FAILED if group.failure is not None else STARTED
+    if _reached(started, tag, span):  # a later call started: this one was issued to the backend
+        return FAILED if group.failure is not None else ISSUED
+    return QUEUED
+
+
+def records(group) -> List[tuple]:
+    """The group's recorded calls, oldest first."""
+    ring = group.flight
+    if ring is None:
+        return []
+    last = group._seq
+    found = []
+    for seq in range(max(last - RING + 1, group._flight_origin + 1), last + 1):
+        record = ring[seq & MASK]
+        if record is not None and record[0] == seq:
+            found.append(record)
+    return found
+
+
+def cell(check: tuple) -> tuple:
+    """``(collective, dtype, itemsize, algorithm)`` of a recorded ``Call.check`` (``check.fingerprint_cell``'s
+    integers; an internal call without one reads "internal")."""
+    from .algorithms import ALGORITHM_NAMES, COLLECTIVES
+    from .reduce_op import SUPPORTED_DTYPES
+    if not check[1]:
+        return "internal", "uint8", 1, "?"
+    collective, _, dtype_id, _, algorithm = check[1]
+    dtype = SUPPORTED_DTYPES[dtype_id] if 0 <= dtype_id < len(SUPPORTED_DTYPES) else None
+    return (COLLECTIVES[collective], "?" if dtype is None else str(dtype).replace("torch.", ""),
+            1 if dtype is None else dtype.itemsize, ALGORITHM_NAMES[algorithm])
+
+
+def as_row(group, record: tuple) -> list:
+    """A record as JSON: ``[seq, collective, nbytes, numel, dtype, algorithm, state, "file:line"]`` (``numel``:
+    ``nbytes`` over the dtype's size)."""
+    seq, check, nbytes, code, lasti = record
+    collective, dtype, itemsize, algorithm = cell(check)
+    return [seq - group._flight_origin, collective, nbytes, nbytes // itemsize, dtype, algorithm,
+            state(group, record), where(code, lasti)]
+
+
+def head(groups) -> Dict[str, list]:
+    """Each group's last call (:func:`as_row`), by group name."""
+    heads = {}
+    for group in groups:
+        ring = group.flight
+        if ring is None:
+            continue
+        seq = group._seq
+        if seq == group._flight_origin:  # no call yet
+            continue
+        record = ring[seq & MASK]
+        if record is None or record[0] != seq:  # being written now: the one before
+            record = ring[(seq - 1) & MASK]
+        if record is not None and record[0] <= seq:
+            heads[group.name] = as_row(group, record)
+    return heads
+
+
+def describe_row(row: list, group_name: Optional[str] = None) -> str:
+    """``all_reduce #5 (started, 8 B float32, shm) at train.py:12``."""
+    seq, collective, nbytes, _, dtype, algorithm, state_, place = row
+    on = "" if group_name is None else f" on group {group_name}"
+    return f"{collective} #{seq}{on} ({state_}, {nbytes} B {dtype}, {algorithm}) at {place}"
+
+
+# -- publishing ---------------------------------------------------------------------------------------
+
+class Publisher:
+    """This rank's head in the world's store, rewritten when it changed, from a daemon thread of its own.
+
+    ``store`` is the world's (the one its ranks met through, or MPI's shared store), or ``None``: then
+    nothing is published and peers say so.  :meth:`stop` (``destroy_process_group``) writes the last head
+    and ends the thread."""
+
+    def __init__(self, store, rank: int, world_size: int, groups, backend: str = "") -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self._groups = groups  # World.groups: read, never written, by the thread
+        self._last: Optional[str] = None
+        self._lock = threading.Lock()  # one writer at a time: the thread, or an error path publishing now
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        #: The last heads of groups destroyed while the world lives (the newest :data:`CLOSED_KEPT`): a rank
+        #: that left a group still says what it last called there.
+        self._closed: Dict[str, list] = {}
+        #: The first failure's text, kept for the dump.
+        self.failure: Optional[str] = None
+        if store is not None:
+            self._thread = threading.Thread(target=self._serve, name="zerocomm.flight", daemon=True)
+            self._thread.start()
+
+    def snapshot(self) -> str:
+        calls = dict(self._closed)
+        calls.update(head(list(self._groups.values())))
+        return json.dumps({"rank": self.rank, "t": round(time.time(), 3), "calls": calls}, separators=(",", ":"))
+
+    def closing(self, group) -> None:
+        """``group`` is being destroyed: keep its head, and publish it now."""
+        row = head([group]).get(group.name)
+        if row is not None:
+            self._closed.pop(group.name, None)
+            self._closed[group.name] = row
+            while len(self._closed) > CLOSED_KEPT:
+                self._closed.pop(next(iter(self._closed)))
+        self.publish_now()
+
+    def publish(self) -> None:
+        """Write the head now if it changed (its time aside); errors of the store are the reader's to report.
+        Waits at most :data:`READ_S` for a write under way (a store that stopped answering holds it)."""
+        if self.store is None or not self._lock.acquire(timeout=READ_S):
+            return
+        try:
+            text = self.snapshot()
+            body = text[text.index(",\"calls\""):]
+            if body == self._last:
+                return
+            self.store.set(KEY.format(rank=self.rank), text)
+            self._last = body
+        finally:
+            self._lock.release()
+
+    def publish_now(self) -> None:
+        """:meth:`publish` from an error path or ``destroy_process_group``: within :data:`READ_S`, never raising
+        (a store whose host is gone or stuck must not hold back the error or the destroy)."""
+        if self.store is not None:
+            _within(self.publish, READ_S)
+
+    def _serve(self) -> None:
+        while not self._stop.wait(PUBLISH_S):
+            try:
+                self.publish()
+            except Exception:  # the store went away (its host rank left): nobody is left to read it
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=READ_S)
+        self.publish_now()
+
+    def read(self, ranks: List[int], timeout_s: float = READ_S) -> Dict[int, object]:
+        """The heads of global ``ranks`` (a dict each) or the reason one is unavailable (a string), within
+        ``timeout_s``: a thread reads, so that a store that does not answer cannot hold the error back."""
+        if self.store is None:
+            return {rank: "unavailable (this world has no store)" for rank in ranks}
+        found: Dict[int, object] = {rank: "unavailable (the store did not answer in time)" for rank in ranks}
+
+        def fetch():
+            for rank in ranks:
+                key = KEY.format(rank=rank)
+                try:
+                    if self.store.check([key]):
+                        found[rank] = json.loads(self.store.get(key))
+                    else:
+                        found[rank] = "unavailable (it published no record)"
+                except Exception as error:  # the store's host went away
+                    found[rank] = f"unavailable (store: {type(error).__name__}: {str(error).splitlines()[0][:80]})"
+
+        _within(fetch, timeout_s)
+        return dict(found)
+
+
+def _within(function, timeout_s: float) -> None:
+    """Run ``function`` on a daemon thread and wait for it at most ``timeout_s``; its errors are dropped (the
+    flight recorder only ever adds to an error, and must not raise one of its own)."""
+    def run():
+        try:
+            function()
+        except Exception:
+            pass
+
+    worker = threading.Thread(target=run, name="zerocomm.flight-store", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+
+
+#: Groups destroyed while the world lives (the newest :data:`CLOSED_KEPT`): dumps still write their records.
+_CLOSED: collections.deque = collections.deque(maxlen=CLOSED_KEPT)
+#: The world's publisher (``init_process_group`` starts it, ``destroy_process_group`` stops it).
+PUBLISHER: Optional[Publisher] = None
+
+
+def start(store, rank: int, world_size: int, groups, backend: str = "") -> None:
+    """A world was made: publish its rank's head through ``store`` (or nothing, where ``None``); ``groups``: the
+    world's groups by name (``World.groups``), read, never written."""
+    global PUBLISHER
+    stop()
+    PUBLISHER = Publisher(store, rank, world_size, groups, backend)
+
+
+def closing(group) -> None:
+    """``destroy_process_group(group)``: the record of ``group`` (``ZEROCOMM_FLIGHT_DUMP``), and its last head
+    kept in what this rank publishes."""
+    try:
+        dump()
+    except Exception:
+        pass
+    if group not in _CLOSED:
+        _CLOSED.append(group)
+    if PUBLISHER is not None:
+        PUBLISHER.closing(group)
+
+
+def stop() -> None:
+    global PUBLISHER
+    _CLOSED.clear()
+    publisher, PUBLISHER = PUBLISHER, None
+    if publisher is not None:
+        publisher.stop()
+
+
+# -- on a failure ---------------------------------------------------------------------------------------
+
+def note(group, collective: str, failed_peer: Optional[int] = None, wait_s: float = 0.0) -> str:
+    """What the failing call's peers last did, for its error: the ranks of ``group`` that did not reach this
+    call (their head in this group is behind it), ``failed_peer`` (a global rank) and any whose call differs,
+    each with its last call.  ``wait_s``: how long to wait for peers to publish a later head (a mismatch,
+    where every rank is in this call's error path and publishes at once).  Never raises."""
+    try:
+        return _note(group, collective, failed_peer, wait_s)
+    except Exception as error:  # the recorder must never hide the failure it explains
+        return f" Flight recorder: unavailable ({type(error).__name__}: {error})."
+
+
+def _note(group, collective: str, failed_peer: Optional[int], wait_s: float) -> str:
+    publisher = PUBLISHER
+    if publisher is None or group.flight is None:
+        return ""
+    mine = head([group]).get(group.name)
+    if mine is None:
+        return ""
+    publisher.publish_now()  # this rank's failing call, for the peers reading now
+    peers = [rank for rank in group.ranks if rank != group.my_global_rank]
+    deadline = time.monotonic() + wait_s
+    while True:
+        heads = publisher.read(peers)
+        behind = [rank for rank in peers if isinstance(heads[rank], dict)  # a rank without a record: no wait
+                  and heads[rank]["calls"].get(group.name, [0])[0] < mine[0]]
+        if not behind or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    parts = []
+    for rank in peers:
+        seen = heads[rank]
+        if not isinstance(seen, dict):
+            parts.append(f"rank {rank}: record {seen}")
+            continue
+        calls = seen["calls"]
+        here = calls.get(group.name)
+        if here is None:
+            parts.append(f"rank {rank} did not arrive: it has made no call on group {group.name}")
+        elif here[0] < mine[0]:
+            parts.append(f"rank {rank} did not arrive: it last called {describe_row(here)}")
+        elif here[1:4] != mine[1:4] and here[0] == mine[0]:
+            parts.append(f"rank {rank} called {describe_row(here)} instead")
+        elif rank == failed_peer:
+            parts.append(f"rank {rank} was in {describe_row(here)}")
+        else:
+            continue
+        others = [(name, row) for name, row in calls.items() if name != group.name and row[6] != COMPLETED]
+        for name, row in others:  # where it may be waiting instead
+            parts[-1] += f"; and on group {name}: {describe_row(row)}"
+    if not parts:
+        return ""
+    return (f" Flight recorder (this rank: {describe_row(mine)}; peers as last published, within "
+            f"{PUBLISH_S:g} s): " + "; ".join(parts) + ".")
+
+
+def failed(group, error_text: str) -> None:
+    """A call of ``group`` timed out or lost a peer: keep the text; write the record if ``ZEROCOMM_FLIGHT_DUMP``
+    says where.  Never raises."""
+    publisher = PUBLISHER
+    if publisher is not None and publisher.failure is None:
+        publisher.failure = error_text
+    try:
+        dump()
+    except Exception:
+        pass
+
+
+def dump(groups=None) -> Optional[str]:
+    """Write this rank's record to ``$ZEROCOMM_FLIGHT_DUMP/flight-rank<R>.json``; the path, or ``None`` where
+    the variable is unset or no world is up."""
+    folder = environment.get("ZEROCOMM_FLIGHT_DUMP")
+    publisher = PUBLISHER
+    if not folder or publisher is None:
+        return None
+    if groups is None:
+        live = list(publisher._groups.values())
+        groups = [group for group in _CLOSED if group not in live] + live
+    content = {
+        "rank": publisher.rank, "world_size": publisher.world_size, "host": socket.gethostname(),
+        "pid": os.getpid(), "time": time.time(), "backend": publisher.backend, "failure": publisher.failure,
+        "fields": ["seq", "collective", "nbytes", "numel", "dtype", "algorithm", "state", "where"],
+        "groups": {group.name: {"ranks": group.ranks, "records": [as_row(group, r) for r in records(group)]}
+                   for group in groups if group.flight is not None},
+    }
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, DUMP_NAME.format(rank=publisher.rank))
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as out:
+        out.write(_readable(content))
+    os.replace(temporary, path)  # a reader never sees half a file
+    return path
+
+
+def _readable(content: dict) -> str:
+    """JSON with one record per line."""
+    groups = content["groups"]
+    head_text = json.dumps({key: value for key, value in content.items() if key != "groups"}, indent=1)
+    parts = []
+    for name, group in groups.items():
+        rows = ",\n".join("   " + json.dumps(row) for row in group["records"])
+        parts.append(f'  {json.dumps(name)}: {{"ranks": {json.dumps(group["ranks"])}, "records": [\n{rows}\n  ]}}')
+    return head_text[:-2] + ',\n "groups": {\n' + ",\n".join(parts) + "\n }\n}\n"
