@@ -51,11 +51,14 @@ class PeerFailure(Exception):
     Attributes:
         peer: the peer's rank in the communicator, or ``None`` when the backend cannot say
             which one (a native collective over several peers).
+        abandoned: where the peer marked the call abandoned before leaving it (``shm.Arena.abandon``), the
+            code it left (the group decodes it: which call, and why); else ``None``.
     """
 
-    def __init__(self, what: str, peer: Optional[int] = None):
+    def __init__(self, what: str, peer: Optional[int] = None, abandoned: Optional[int] = None):
         super().__init__(what)
         self.peer = peer
+        self.abandoned = abandoned
 
 
 class Request(abc.ABC):
