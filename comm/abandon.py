@@ -28,7 +28,8 @@ _TIMED_OUT, _PEER_FAILED = 1, 2
 
 
 def encode(seq: int, collective: str, timed_out: bool) -> int:
-    """A positive int63 naming a call (the group's sequence number ``seq``, its collective) and why it was left."""
+    """A positive int63 naming a call (the group's sequence number ``seq``, its collective) and why it was left; of
+    one call's codes, leaving at the deadline is the smallest (a late rank names that peer: ``shm.Arena._left``)."""
     index = COLLECTIVES.index(collective) + 1 if collective in COLLECTIVES else 0
     return ((seq & ((1 << 40) - 1)) << 16) | (index << 2) | (_TIMED_OUT if timed_out else _PEER_FAILED)
 

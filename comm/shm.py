@@ -662,9 +662,11 @@ class Arena:
         return self._i64[p * (LINE // 8) + _ABANDONED]
 
     def _left(self, p: int, what: str, step: int) -> None:
-        """Raise ``PeerFailure`` if rank ``p`` abandoned the call (:meth:`abandon`)."""
+        """Raise ``PeerFailure`` if rank ``p`` abandoned the call (:meth:`abandon`), naming the peer with the smallest
+        code of all that did (the group's codes make that the one that left first: ``abandon.encode``)."""
         code = self._i64[p * (LINE // 8) + _ABANDONED]
         if code:
+            code, p = min((self.abandoned_by(q), q) for q in self._peers if self.abandoned_by(q))
             missing = [q for q in self._peers if not self._reached(q, step) and not self.abandoned_by(q)]
             also = f"; {', '.join(f'rank {q}' for q in missing)} had not reached it either" if missing else ""
             raise PeerFailure(f"{what}: rank {p} (pid {self.pid(p)}) abandoned the call before this rank's "
