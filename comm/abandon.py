@@ -8,7 +8,7 @@ arrives after the others left.  Two marks, made by :func:`leave` before the erro
   to arrive again, and a peer that waits for it raises ``PeerFailure`` carrying the mark's code at once -- so a
   late rank's call fails too, instead of finishing with what the others left in their slots.  Every call of a
   group whose ranks share a segment meets there first (the mismatch check, ``check.py``), whatever its algorithm.
-* a note in the communicator's store (``zerocomm-left/<group rank>``: pid and code), read by a peer whose own call
+* a note in the communicator's store (``zerocomm-left/<group rank>``: pid, code, wall-clock time), read by a peer whose own call
   then fails on a closed connection or a timeout (:func:`notes`), so that its error says which rank left, in which
   call, and why -- not only that a connection closed.
 
@@ -16,10 +16,13 @@ Both are bounded: the store is written and read on a thread of its own, waited f
 """
 from __future__ import annotations
 
+import os
 import threading
+import time
 from typing import Optional
 
 from .algorithms import COLLECTIVES
+from .transport import USER_TAG_LIMIT
 
 #: Longest wait for the store while leaving a call or naming why a peer left (each way).
 STORE_S = 1.0
@@ -60,7 +63,6 @@ def _bounded(work) -> Optional[object]:
 def leave(group, tag: Optional[int], collective: str, timed_out: bool) -> None:
     """Mark ``group``'s failed call (``tag``: its tag, ``None``: the last call issued) as abandoned by this rank:
     in the arena, then in the store (see the module notes).  Called once, by the group's first failure."""
-    from .transport import USER_TAG_LIMIT
     communicator = group.communicator
     if communicator is None:
         return
@@ -68,11 +70,13 @@ def leave(group, tag: Optional[int], collective: str, timed_out: bool) -> None:
     code = encode(seq, collective, timed_out)
     arena = communicator.local.arena
     if arena is not None:
-        arena.abandon(code)
+        try:
+            arena.abandon(code)
+        except (ValueError, TypeError):  # released under us (the group being destroyed): nothing left to mark
+            pass
     store = getattr(communicator, "store", None)
     if store is not None:
-        import os
-        _bounded(lambda: store.set(_KEY.format(communicator.rank), f"{os.getpid()} {code}"))
+        _bounded(lambda: store.set(_KEY.format(communicator.rank), f"{os.getpid()} {code} {time.time():.3f}"))
 
 
 def notes(group, peer: Optional[int]) -> str:
@@ -82,7 +86,7 @@ def notes(group, peer: Optional[int]) -> str:
     store = getattr(communicator, "store", None)
     if store is None:
         return ""
-    pids = communicator.peer_pids
+    pids, made_s = communicator.peer_pids, communicator.local.made_s
     peers = [peer] if peer is not None else [p for p in range(communicator.size) if p != communicator.rank]
 
     def read() -> list:
@@ -90,9 +94,10 @@ def notes(group, peer: Optional[int]) -> str:
         for p in peers:
             key = _KEY.format(p)
             if store.check([key]):
-                pid, code = (int(x) for x in store.get(key).decode().split())
-                if not pids or not pids[p] or pids[p] == pid:  # a note from this world's rank p, not an earlier one
-                    found.append((p, code))
+                pid, code, written_s = store.get(key).decode().split()
+                # A note of this communicator's rank p, not one an earlier communicator over the same store left.
+                if (not pids or not pids[p] or pids[p] == int(pid)) and float(written_s) >= made_s:
+                    found.append((p, int(code)))
         return found
 
     found = _bounded(read) or []
