@@ -51,8 +51,9 @@ call with what the others left in their slots, the only rank to think it succeed
 marks the call (:meth:`Arena.abandon`): it writes a code into its ``abandoned`` word and sets its
 ``arrive`` word far behind every step, so that no peer ever sees it arrive again.  A peer that waits for
 it then sees the code between sleeps and raises ``PeerFailure`` carrying it (``abandoned``), at once: the
-call fails on every rank, the late one too.  The common round never reads the word: only a peer that has
-to wait does.  (A peer that saw every step reached just before the mark finishes the call: the leaving
+call fails on every rank, the late one too.  (A peer that still waits for another, missing rank waits on
+to its deadline: that rank is the cause, and the timeout names it.)  The common round never reads the word:
+only a peer that has to wait does.  (A peer that saw every step reached just before the mark finishes the call: the leaving
 rank's deadline and the peer's arrival raced; its next call of the group then fails on the mark.)
 
 *Heaps* (``shm_heap.py``) are segments for tensors that live in shared memory from the start;
@@ -662,15 +663,17 @@ class Arena:
         return self._i64[p * (LINE // 8) + _ABANDONED]
 
     def _left(self, p: int, what: str, step: int) -> None:
-        """Raise ``PeerFailure`` if rank ``p`` abandoned the call (:meth:`abandon`), naming the peer with the smallest
-        code of all that did (the group's codes make that the one that left first: ``abandon.encode``)."""
-        code = self._i64[p * (LINE // 8) + _ABANDONED]
-        if code:
-            code, p = min((self.abandoned_by(q), q) for q in self._peers if self.abandoned_by(q))
-            missing = [q for q in self._peers if not self._reached(q, step) and not self.abandoned_by(q)]
-            also = f"; {', '.join(f'rank {q}' for q in missing)} had not reached it either" if missing else ""
-            raise PeerFailure(f"{what}: rank {p} (pid {self.pid(p)}) abandoned the call before this rank's "
-                              f"shared-memory step {step}{also}", peer=p, abandoned=code)
+        """Raise ``PeerFailure`` if rank ``p`` abandoned the call (:meth:`abandon`) and no other peer is missing, naming
+        the peer with the smallest code of all that did (the group's codes make that the one that left first:
+        ``abandon.encode``).  While a peer that did not abandon it is still missing, the wait goes on: that
+        rank is the cause, and the deadline names it (``TimeoutError``), as for any missing rank."""
+        if not self._i64[p * (LINE // 8) + _ABANDONED]:
+            return
+        if any(not self._reached(q, step) and not self.abandoned_by(q) for q in self._peers):
+            return
+        code, p = min((self.abandoned_by(q), q) for q in self._peers if self.abandoned_by(q))
+        raise PeerFailure(f"{what}: rank {p} (pid {self.pid(p)}) abandoned the call before this rank's "
+                          f"shared-memory step {step}", peer=p, abandoned=code)
 
     def agree(self, deadline: Optional[float]) -> None:
         """Decide, the same on every rank, whether large calls may read and write peers' private memory:
