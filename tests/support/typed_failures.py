@@ -66,8 +66,10 @@ def _call(kind: str, group, odd: bool = False):
         dist.reduce_scatter_tensor(out, torch.full((n * numel,), float(rank + 1)), group=group)
         return lambda: bool((out == total).all())
     if kind == "all_to_all":
-        outs = [torch.empty(numel) for _ in range(n)]
-        dist.all_to_all(outs, [torch.full((numel,), float(rank + 1)) for _ in range(n)], group=group)
+        # The list form's sizes may differ by rank (the check cannot compare them): the odd rank's dtype differs.
+        dtype = torch.float64 if odd else torch.float32
+        outs = [torch.empty(4, dtype=dtype) for _ in range(n)]
+        dist.all_to_all(outs, [torch.full((4,), float(rank + 1), dtype=dtype) for _ in range(n)], group=group)
         return lambda: all(bool((o == r + 1).all()) for r, o in enumerate(outs))
     if kind == "all_to_all_single":
         out = torch.empty(n * numel)
@@ -183,7 +185,8 @@ def timed_out_and_left(kinds, timeout_s: float, late_s: float) -> dict:
 
 
 def mismatched(kinds) -> dict:
-    """Per kind: the last rank makes the call with another size (a barrier: an all_reduce in its place)."""
+    """Per kind: the last rank makes the call with another size (a barrier: an all_reduce in its place; the list
+    form of all_to_all, whose sizes may differ by rank: another dtype)."""
     import zerocomm.comm as dist
     odd = dist.get_rank() == dist.get_world_size() - 1
     seen = {}
