@@ -10,7 +10,8 @@ subgroup of its own (``support.typed_failures``): a failure makes its group unus
 import pytest
 
 from support.crash_world import run_world
-from support.typed_failures import COLLECTIVES, KIND_NAMES, killed_before, mismatched, timed_out_and_left
+from support.typed_failures import (COLLECTIVES, KIND_NAMES, killed_before, left_then_other_call, mismatched,
+                                    timed_out_and_left)
 
 N = 3
 TIMEOUT_S = 1.5
@@ -61,3 +62,22 @@ def test_every_collective_mismatch_raises_on_every_rank():
         assert outcome.status == "ok", outcome
         for kind, seen in outcome.value.items():
             _assert_typed(kind, outcome.rank, seen, 10.0 + SLACK_S, allowed=("CollectiveMismatchError",))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("through", ["segment", "store"])
+def test_a_survivor_names_the_rank_that_left_and_its_call(monkeypatch, through):
+    """The issue's case at 2 ranks: rank 0 times out in all_reduce call #4 and exits; rank 1, late, calls
+    all_gather_into_tensor.  Rank 1 gets a PeerError naming rank 0 and the call it left: from the group's segment
+    (the mismatch check meets there), or, with the check off and gloo's own collectives, from the store's note
+    (its call fails on the closed connection) -- no longer the package's internal ``PeerFailure``."""
+    if through == "store":
+        monkeypatch.setenv("ZEROCOMM_CHECK", "0")
+    algorithm = "native" if through == "store" else "auto"
+    outcomes = run_world(left_then_other_call, 2, TIMEOUT_S, LATE_S, algorithm, group_timeout_s=TIMEOUT_S,
+                         deadline_s=60)
+    assert [o.status for o in outcomes] == ["ok", "ok"], outcomes
+    (first, first_module, _), (late, late_module, text) = outcomes[0].value, outcomes[1].value
+    assert (first, first_module) == ("CommTimeoutError", "zerocomm.comm.errors"), outcomes[0].value
+    assert (late, late_module) == ("PeerError", "zerocomm.comm.errors"), outcomes[1].value
+    assert "rank 0 [group rank 0] left call #4 (all_reduce) at its deadline" in text, text

@@ -194,3 +194,22 @@ def mismatched(kinds) -> dict:
         group = dist.new_group(list(range(dist.get_world_size())))
         seen[kind] = _outcome(kind, group, odd)
     return seen
+
+
+def left_then_other_call(timeout_s: float, late_s: float, algorithm: str) -> list:
+    """The issue's case: rank 0 times out in an all_reduce (call #4) that rank 1 reaches ``late_s`` late, and
+    leaves (its process exits when it answers); rank 1 then calls all_gather_into_tensor.  Every rank reports
+    ``[error type, message]``."""
+    import zerocomm.comm as dist
+    x = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(x, algorithm=algorithm)
+    try:
+        if dist.get_rank() == 1:
+            time.sleep(late_s)
+            dist.all_gather_into_tensor(torch.empty(8), torch.ones(4), algorithm=algorithm)
+        else:
+            dist.all_reduce(x, algorithm=algorithm)
+    except Exception as error:  # noqa: BLE001 - judged by the test
+        return [type(error).__name__, type(error).__module__, str(error)]
+    return ["none", "", ""]
