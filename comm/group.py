@@ -294,10 +294,9 @@ class Group:
     def _timed_out(self, collective: str, seconds: float, error: TimeoutError, start: float,
                    tag: Optional[int] = None) -> CommError:
         # The time stated is the time this call waited, measured, with the deadline beside it.
-        waited_ms = (time.monotonic() - start) * 1000
         return self._failed(CommTimeoutError(
             f"rank {self.my_global_rank}: {collective} on {self.describe()} timed out after "
-            f"{waited_ms:.0f} ms (deadline {seconds * 1000:.0f} ms: the timeout given to "
+            f"{(time.monotonic() - start) * 1000:.0f} ms (deadline {seconds * 1000:.0f} ms: the timeout given to "
             f"init_process_group or new_group, or to this call) waiting for {self._in_rank_space(error)}"
             f"{abandon.notes(self, None) if self.failure is None else ''}"), collective, tag, True)
 
