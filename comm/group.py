@@ -30,7 +30,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import check, flight, shm
+from . import abandon, check, flight, shm
 from .config import CommConfig
 from .errors import CollectiveMismatchError, CommError, CommTimeoutError, NotInitializedError, PeerError
 from .transport import USER_TAG_LIMIT, Backend, PeerFailure
@@ -211,7 +211,7 @@ class Group:
                         request, after = issue(self.communicator, *call.args, tag=tag, deadline=deadline,
                                                segment_bytes=self.segment_bytes)
                     except (TimeoutError, PeerFailure, shm.CallMismatch) as error:
-                        raise self._typed(call, error, deadline, seconds, start) from None
+                        raise self._typed(call, error, deadline, seconds, start, tag) from None
                 except Exception as error:  # the caller sees it through Work.wait, as from the executor
                     return IssuedWork.failed(call, self, error)
                 return IssuedWork(call, self, request, after, start, seconds)
@@ -288,7 +288,7 @@ class Group:
             if checker is _ARMS_FIRST_SYNC:
                 check.settle(call, deadline)
         except (TimeoutError, PeerFailure, shm.CallMismatch) as error:
-            raise self._typed(call, error, deadline, seconds, start) from None
+            raise self._typed(call, error, deadline, seconds, start, tag) from None
         except CollectiveMismatchError as error:  # named by the check's all-gather: the peers' calls beside it
             raise CollectiveMismatchError(f"{error}{flight.note(self, call.collective, wait_s=1.5)}") from None
         self._flight_done = tag
@@ -296,48 +296,63 @@ class Group:
             for source, destination in call.copy_out:
                 destination.copy_(source.view(destination.shape))
 
-    def _typed(self, call, error: Exception, deadline: float, seconds: float, start: float) -> CommError:
-        """The typed error of ``call``, which failed with ``error`` (both ways a call runs: inline or on the executor,
-        and issued): ``TimeoutError`` -> ``CommTimeoutError``, ``PeerFailure`` -> ``PeerError``, a failed "shm"
-        check (``CallMismatch``) -> ``CollectiveMismatchError`` naming the ranks that differ."""
+    def _typed(self, call, error: Exception, deadline: float, seconds: float, start: float,
+               tag: Optional[int] = None) -> CommError:
+        """The typed error of ``call`` (its ``tag``), which failed with ``error`` (both ways a call runs: inline or on
+        the executor, and issued): ``TimeoutError`` -> ``CommTimeoutError``, ``PeerFailure`` -> ``PeerError``, a failed
+        "shm" check (``CallMismatch``) -> ``CollectiveMismatchError`` naming the ranks that differ."""
         if isinstance(error, TimeoutError):
-            return self._timed_out(call.collective, seconds, error, start)
+            return self._timed_out(call.collective, seconds, error, start, tag)
         if isinstance(error, PeerFailure):
-            return self._peer_failed(call.collective, error)
-        return self._mismatched(call.collective, error.fingerprint, deadline, seconds, start)
+            return self._peer_failed(call.collective, error, tag)
+        return self._mismatched(call.collective, error.fingerprint, deadline, seconds, start, tag)
 
     def _mismatched(self, collective: str, fingerprint: tuple, deadline: float, seconds: float,
-                    start: float) -> CommError:
+                    start: float, tag: Optional[int] = None) -> CommError:
         """An "shm" call's check failed in its first sync, on every rank at once: every rank all-gathers the
         fingerprints over the backend; the ``CollectiveMismatchError`` naming the ranks that differ (or the
-        ``CommTimeoutError`` of that all-gather)."""
+        ``CommTimeoutError``/``PeerError`` of that all-gather: a peer that called something else had left)."""
         try:
             check.name_mismatch(self, fingerprint, deadline)
         except TimeoutError as error:
-            return self._timed_out(collective, seconds, error, start)
+            return self._timed_out(collective, seconds, error, start, tag)
+        except PeerFailure as error:
+            return self._peer_failed(collective, error, tag)
         except CollectiveMismatchError as error:
             return CollectiveMismatchError(f"{error}{flight.note(self, collective, wait_s=1.5)}")
         return CollectiveMismatchError(f"rank {self.my_global_rank}: {collective} on {self.describe()}: the ranks' "
                                        f"call digests differed")
 
-    def _timed_out(self, collective: str, seconds: float, error: TimeoutError, start: float) -> CommError:
+    def _timed_out(self, collective: str, seconds: float, error: TimeoutError, start: float,
+                   tag: Optional[int] = None) -> CommError:
         # The time stated is the time this call waited, measured, with the deadline beside it.
         return self._failed(CommTimeoutError(
             f"rank {self.my_global_rank}: {collective} on {self.describe()} timed out after "
             f"{(time.monotonic() - start) * 1000:.0f} ms (deadline {seconds * 1000:.0f} ms: the timeout given to "
-            f"init_process_group or new_group, or to this call) waiting for {self._in_rank_space(error)}."
-            f"{flight.note(self, collective)}"))
+            f"init_process_group or new_group, or to this call) waiting for {self._in_rank_space(error)}"
+            f"{abandon.notes(self, None) if self.failure is None else ''}."
+            f"{flight.note(self, collective)}"), collective, tag, True)
 
-    def _peer_failed(self, collective: str, failure: PeerFailure) -> CommError:
+    def _peer_failed(self, collective: str, failure: PeerFailure, tag: Optional[int] = None) -> CommError:
+        if failure.abandoned is not None:  # the peer marked the call abandoned as it left (abandon.py)
+            why = (f"{self.peer_name(failure.peer)} left {abandon.describe(failure.abandoned)}, so this call "
+                   f"cannot complete on any rank")
+        else:
+            why = (f"{self.peer_name(failure.peer)} failed or went away"
+                   f"{abandon.notes(self, failure.peer) if self.failure is None else ''}")
         return self._failed(PeerError(
-            f"rank {self.my_global_rank}: {collective} on {self.describe()} failed: "
-            f"{self.peer_name(failure.peer)} failed or went away ({self._in_rank_space(failure)})."
-            f"{flight.note(self, collective, None if failure.peer is None else self.ranks[failure.peer])}"))
+            f"rank {self.my_global_rank}: {collective} on {self.describe()} failed: {why} "
+            f"({self._in_rank_space(failure)})."
+            f"{flight.note(self, collective, None if failure.peer is None else self.ranks[failure.peer])}"),
+            collective, tag, False)
 
-    def _failed(self, error: CommError) -> CommError:
+    def _failed(self, error: CommError, collective: str = "", tag: Optional[int] = None,
+                timed_out: bool = False) -> CommError:
         # No lock: an inline call fails while holding it; a second failure racing the first changes nothing.
         if self.failure is None:
             self.failure = error
+            # Peers still in the call, or late to it, must fail too (abandon.py): marked before this rank raises.
+            abandon.leave(self, tag, collective, timed_out)
             flight.failed(self, str(error))  # ZEROCOMM_FLIGHT_DUMP: this rank's record, now
         return error
 
@@ -379,6 +394,10 @@ class Group:
                     tag._finish()
         elif future.set_running_or_notify_cancel():
             try:
+                if self.failure is not None:  # queued before an earlier call failed: it must not move a byte
+                    raise type(self.failure)(
+                        f"rank {self.my_global_rank}: {call.collective}: {self.describe()} is unusable after an "
+                        f"earlier failure; destroy it and create it again. The first failure: {self.failure}")
                 self.execute(call, tag, observers, issued_s)  # one at a time: only this thread runs queued calls
             except BaseException as error:  # the caller sees it through Work.wait
                 future.set_exception(error)

@@ -10,6 +10,8 @@ and kept with the communicator (``t.local.arena``) until the backend's ``close()
         i64 x 4, twice  per-call words (``publish``/``peer_word``), by call parity
         i64 probe       address of a private word, for the cross-memory check (``Arena.agree``)
         i64 readable    1 if this rank could read and write a peer's private memory (``process_vm_readv``/``writev``)
+        i64 digest x 2  the mismatch check's digests, by check parity
+        i64 abandoned   0, or the code of the call this rank abandoned (``Arena.abandon``)
     3 buffers x n slots of ``slot_bytes``   round ``k`` of any collective uses buffer ``k % 3``
 
 [Note: steps and buffers]  Every rank calls the same collectives in the same order, so every
@@ -42,6 +44,17 @@ instead of having it copied into a slot first, and writes its reduced slice stra
 tensors: the traffic of one copy, as for tensors from :func:`shared_empty`.  Whether every rank can is
 agreed once, when the arena is made (``Arena.agree``), so all ranks take the same schedule;
 ``CROSS_MEMORY = False`` turns it off.
+
+[Note: an abandoned call]  A rank that leaves a call at its deadline (or because a peer failed) has
+stored the call's steps; a late peer arriving afterwards would find every step reached and finish the
+call with what the others left in their slots, the only rank to think it succeeded.  So the leaving rank
+marks the call (:meth:`Arena.abandon`): it writes a code into its ``abandoned`` word and sets its
+``arrive`` word far behind every step, so that no peer ever sees it arrive again.  A peer that waits for
+it then sees the code between sleeps and raises ``PeerFailure`` carrying it (``abandoned``), at once: the
+call fails on every rank, the late one too.  (A peer that still waits for another, missing rank waits on
+to its deadline: that rank is the cause, and the timeout names it.)  The common round never reads the word:
+only a peer that has to wait does.  (A peer that saw every step reached just before the mark finishes the call: the leaving
+rank's deadline and the peer's arrival raced; its next call of the group then fails on the mark.)
 
 *Heaps* (``shm_heap.py``) are segments for tensors that live in shared memory from the start;
 they are kept on the backend object beside the arena and forgotten with it (:func:`release`).
@@ -100,6 +113,9 @@ _PER_CALL = 2  # i64 index within the line where the per-call words start (byte 
 PER_CALL_WORDS = 4
 _PROBE, _READABLE = _PER_CALL + 2 * PER_CALL_WORDS, _PER_CALL + 2 * PER_CALL_WORDS + 1  # i64 indices
 _DIGEST = _READABLE + 1  # i64 index of the mismatch check's two digest words (bytes 96-111 of the line)
+_ABANDONED = _DIGEST + 2  # i64 index of the abandoned call's code (bytes 112-119; see [Note: an abandoned call])
+#: How far behind its last step an abandoning rank sets its ``arrive`` word: no step a peer waits for is reached.
+_BEHIND = 0x40000000
 
 _FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -576,6 +592,8 @@ class Arena:
             answer = _shmfast.settle(*args, SLEEP_SLICE_S)
             if answer == 2:
                 self._still_late(step, deadline, what)
+        for p in self._peers:  # a peer that arrived, then abandoned while this rank waited for another
+            self._left(p, what, step)
         if answer:
             self.calls = self.rounds.round = 0  # every rank stops here, at the same step: the next call starts in step
             raise CallMismatch(armed[1])
@@ -585,6 +603,7 @@ class Arena:
         whose process has exited."""
         for p in self._peers:
             if not self._reached(p, step):
+                self._left(p, what, step)
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"{what}: shared-memory step {step} from rank {p}")
                 if not self._peer_alive(p) and not self._reached(p, step):
@@ -609,6 +628,7 @@ class Arena:
             seen = self._u32[word]
             if ((seen - step) & _MASK) < 0x80000000:
                 return
+            self._left(p, what, step)
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise TimeoutError(f"{what}: shared-memory step {step} from rank {p}")
@@ -620,6 +640,40 @@ class Arena:
     def pid(self, p: int) -> int:
         """Rank ``p``'s process id (written by that rank when it mapped the arena)."""
         return self._u32[p * _WORDS + _PID]
+
+    def abandon(self, code: int) -> None:
+        """Mark the call this rank is leaving (a timeout, a failed peer) as abandoned, for good: ``code`` (a
+        positive int63, the group's: which call and why) in this rank's ``abandoned`` word, then its ``arrive``
+        word set far behind its last step, and sleepers on it woken.  Every peer that waits for this rank from
+        now on raises ``PeerFailure`` carrying ``code`` (see [Note: an abandoned call]).  This rank makes no
+        further round on the arena (its group is unusable after the failure)."""
+        me = self.rank * _WORDS
+        self._i64[self.rank * (LINE // 8) + _ABANDONED] = code
+        with self._fence:  # the code is visible before the step that sends a peer to read it
+            pass
+        self._u32[me + _ARRIVE] = (self.rounds.step - _BEHIND) & _MASK
+        with self._fence:
+            pass
+        if self._u32[me + _SLEEPING]:
+            self._u32[me + _SLEEPING] = 0
+            _futex_wake(self._base + 4 * me)
+
+    def abandoned_by(self, p: int) -> int:
+        """Rank ``p``'s abandoned call's code (:meth:`abandon`), or 0."""
+        return self._i64[p * (LINE // 8) + _ABANDONED]
+
+    def _left(self, p: int, what: str, step: int) -> None:
+        """Raise ``PeerFailure`` if rank ``p`` abandoned the call (:meth:`abandon`) and no other peer is missing, naming
+        the peer with the smallest code of all that did (the group's codes make that the one that left first:
+        ``abandon.encode``).  While a peer that did not abandon it is still missing, the wait goes on: that
+        rank is the cause, and the deadline names it (``TimeoutError``), as for any missing rank."""
+        if not self._i64[p * (LINE // 8) + _ABANDONED]:
+            return
+        if any(not self._reached(q, step) and not self.abandoned_by(q) for q in self._peers):
+            return
+        code, p = min((self.abandoned_by(q), q) for q in self._peers if self.abandoned_by(q))
+        raise PeerFailure(f"{what}: rank {p} (pid {self.pid(p)}) abandoned the call before this rank's "
+                          f"shared-memory step {step}", peer=p, abandoned=code)
 
     def agree(self, deadline: Optional[float]) -> None:
         """Decide, the same on every rank, whether large calls may read and write peers' private memory:

@@ -51,11 +51,14 @@ class PeerFailure(Exception):
     Attributes:
         peer: the peer's rank in the communicator, or ``None`` when the backend cannot say
             which one (a native collective over several peers).
+        abandoned: where the peer marked the call abandoned before leaving it (``shm.Arena.abandon``), the
+            code it left (the group decodes it: which call, and why); else ``None``.
     """
 
-    def __init__(self, what: str, peer: Optional[int] = None):
+    def __init__(self, what: str, peer: Optional[int] = None, abandoned: Optional[int] = None):
         super().__init__(what)
         self.peer = peer
+        self.abandoned = abandoned
 
 
 class Request(abc.ABC):
@@ -101,6 +104,9 @@ class Attached:
     host_segments: bool = False
     """The ranks span hosts and every host's ranks share a segment, as the mismatch check's first round across
     hosts found (``check.across_hosts``); where they do not, that round sets ``no_segment`` instead."""
+    made_s: float = dataclasses.field(default_factory=time.time)
+    """Wall-clock seconds when this record was made (as the communicator's hosts were learnt, at its creation): a
+    note left in the store before it is an earlier communicator's (``abandon.notes``)."""
 
 
 class Transport(abc.ABC):
