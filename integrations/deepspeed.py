@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import logging
 import os
 from pathlib import Path
@@ -41,7 +40,7 @@ from torch import nn
 
 from .. import comm as dist
 from .. import zero as _zero
-from ..zero import ZeroConfigError
+from ..zero import ZeroConfigError, read_deepspeed_config
 from . import deepspeed_zero as zero
 
 log = logging.getLogger("zerocomm.deepspeed")
@@ -98,17 +97,7 @@ def _config_dict(args, config, config_params) -> dict:
     if config is None:
         raise ZeroConfigError("initialize: no DeepSpeed config: pass config= (a dict or a JSON file) or "
                               "args with --deepspeed_config")
-    if isinstance(config, (str, os.PathLike)):
-        path = Path(config)
-        try:
-            return json.loads(path.read_text())
-        except OSError as error:
-            raise ZeroConfigError(f"initialize: cannot read the DeepSpeed config {path}: {error}") from error
-        except json.JSONDecodeError as error:
-            raise ZeroConfigError(f"initialize: the DeepSpeed config {path} is not JSON: {error}") from error
-    if isinstance(config, Mapping):
-        return dict(config)
-    raise ZeroConfigError(f"initialize: config must be a dict or the path of a JSON file, got {type(config).__name__}")
+    return read_deepspeed_config(config, "initialize: config")
 
 
 def _batch_sizes(config: Mapping, accumulation: int, world_size: int) -> tuple[int, int]:

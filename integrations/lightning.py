@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
 import os
 import re
 import shutil
@@ -127,24 +126,7 @@ class _ZeroPrecision(Precision):
 
 
 def _read_config(config: Union[Mapping[str, Any], str, os.PathLike, None]) -> dict:
-    if config is None:
-        return {}
-    if isinstance(config, (str, os.PathLike)):
-        path = Path(config)
-        try:
-            loaded = json.loads(path.read_text())
-        except OSError as error:
-            raise zero.ZeroConfigError(f"ZeroStrategy: cannot read the config file {path}: {error}") from None
-        except json.JSONDecodeError as error:
-            raise zero.ZeroConfigError(f"ZeroStrategy: the config file {path} is not JSON: {error}") from None
-        if not isinstance(loaded, dict):
-            raise zero.ZeroConfigError(f"ZeroStrategy: the config file {path} holds a {type(loaded).__name__}, "
-                                       f"not a JSON object")
-        return loaded
-    if isinstance(config, Mapping):
-        return copy.deepcopy(dict(config))
-    raise zero.ZeroConfigError(f"ZeroStrategy: config must be a DeepSpeed-style dict, the path of a JSON file or "
-                               f"None, got {type(config).__name__}")
+    return {} if config is None else zero.read_deepspeed_config(config, "ZeroStrategy: config")
 
 
 class ZeroStrategy(DDPStrategy):

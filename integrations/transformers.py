@@ -55,10 +55,8 @@ partial cycle, which ZeRO cannot close early, so that is refused before training
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
-from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 import torch
@@ -85,21 +83,7 @@ _NOT_PER_UPDATE = ("reduce_lr_on_plateau", "greedy")
 
 def load_zero_config(zero_config: Union[Mapping[str, Any], str, os.PathLike]) -> dict:
     """A private copy of ``zero_config``: a DeepSpeed config dict, or the path of its JSON file."""
-    if isinstance(zero_config, Mapping):
-        return copy.deepcopy(dict(zero_config))
-    if isinstance(zero_config, (str, os.PathLike)):
-        path = Path(zero_config)
-        try:
-            loaded = json.loads(path.read_text())
-        except OSError as error:
-            raise zero.ZeroConfigError(f"zero_config {str(path)!r} cannot be read: {error}") from None
-        except json.JSONDecodeError as error:
-            raise zero.ZeroConfigError(f"zero_config {str(path)!r} is not valid JSON: {error}") from None
-        if not isinstance(loaded, dict):
-            raise zero.ZeroConfigError(f"zero_config {str(path)!r} holds a {type(loaded).__name__}, not a JSON object")
-        return loaded
-    raise TypeError(f"zero_config must be a DeepSpeed config dict or the path of its JSON file, got "
-                    f"{type(zero_config).__name__}")
+    return zero.read_deepspeed_config(zero_config, "zero_config")
 
 
 class _AutoFiller:

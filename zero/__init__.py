@@ -15,6 +15,7 @@ from .config import ZeroConfig
 from .errors import (CheckpointCorruptError, CheckpointError, CheckpointForeignError, CheckpointIncompatibleError,
                      CheckpointMissingShardError, CheckpointNotFoundError, CheckpointSaveError, ZeroConfigError,
                      ZeroError, ZeroStateError)
+from .deepspeed_config import read_deepspeed_config
 from .initialize import as_config, initialize
 from .checkpoint import load_checkpoint, save_checkpoint
 from .consolidation import consolidate
@@ -24,7 +25,7 @@ from .param_source import ParamSource
 from .schedulers import OneCycle, SchedulerConfig, WarmupCosineLR, WarmupDecayLR, WarmupLR
 from .stages import STAGES, Stage
 
-__all__ = ["initialize", "as_config", "ZeroConfig", "ZeroOptimizer", "Stage", "STAGES", "ZeroError", "ZeroConfigError",
+__all__ = ["initialize", "as_config", "read_deepspeed_config", "ZeroConfig", "ZeroOptimizer", "Stage", "STAGES", "ZeroError", "ZeroConfigError",
            "ZeroStateError", "CheckpointError", "CheckpointNotFoundError", "CheckpointCorruptError",
            "CheckpointMissingShardError", "CheckpointForeignError", "CheckpointIncompatibleError", "CheckpointSaveError",
            "save_checkpoint", "load_checkpoint", "consolidate", "OptimizerConfig", "SchedulerConfig", "WarmupLR",

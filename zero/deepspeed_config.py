@@ -502,3 +502,29 @@ def _shown(value: Any) -> str:
         mantissa, exponent = f"{value:e}".split("e")
         return f"`{float(mantissa):g}e{int(exponent)}`"
     return f"`{value!r}`" if isinstance(value, str) else f"`{value}`"
+
+
+def read_deepspeed_config(config, what: str = "config") -> dict:
+    """A private copy of a DeepSpeed config: ``config`` is a dict (copied deeply) or the path of its JSON file.
+    ``what`` names the argument in errors ("zero_config", "ZeroStrategy: config", ...); a file that cannot be
+    read, is not JSON or holds no JSON object raises :class:`ZeroConfigError` naming it."""
+    import copy
+    import json
+    import os
+    from pathlib import Path
+
+    if isinstance(config, Mapping):
+        return copy.deepcopy(dict(config))
+    if not isinstance(config, (str, os.PathLike)):
+        raise ZeroConfigError(f"{what} must be a DeepSpeed config dict or the path of its JSON file, got "
+                              f"{type(config).__name__}")
+    path = Path(config)
+    try:
+        loaded = json.loads(path.read_text())
+    except OSError as error:
+        raise ZeroConfigError(f"{what}: cannot read the config file {path}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise ZeroConfigError(f"{what}: the config file {path} is not JSON: {error}") from None
+    if not isinstance(loaded, dict):
+        raise ZeroConfigError(f"{what}: the config file {path} holds a {type(loaded).__name__}, not a JSON object")
+    return loaded

@@ -342,7 +342,7 @@ REFUSED = {
     "stage_and_config_differ": "ZeroConfigError: ZeroStrategy: stage=3 but the config's zero_optimization.stage is 2",
     "accumulation_in_config": "ZeroConfigError: ZeroStrategy: the config sets gradient_accumulation_steps (2)",
     "stage_5": "ZeroConfigError: ZeroStrategy: stage must be 0, 1, 2 or 3, got 5",
-    "missing_config_file": "ZeroConfigError: ZeroStrategy: cannot read the config file",
+    "missing_config_file": "ZeroConfigError: ZeroStrategy: config: cannot read the config file",
     "bad_config_key": "ZeroConfigError: DeepSpeed key zero_optimization.overlap_comm must be true or false",
     "precision": "ZeroConfigError: ZeroStrategy: Trainer(precision='bf16-mixed') (MixedPrecision) is not supported",
     "clip_by_value": "ZeroConfigError: ZeroStrategy: Trainer(gradient_clip_algorithm='value') is not supported",
