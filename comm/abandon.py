@@ -17,10 +17,10 @@ Both are bounded: the store is written and read on a thread of its own, waited f
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Optional
 
+from . import best_effort
 from .algorithms import COLLECTIVES
 from .transport import USER_TAG_LIMIT
 
@@ -45,18 +45,9 @@ def describe(code: int) -> str:
 
 
 def _bounded(work) -> Optional[object]:
-    """``work()`` on a daemon thread, waited for at most ``STORE_S``; its answer, or None (it failed or is slow)."""
+    """``work()`` within ``STORE_S`` (``best_effort.within``); its answer, or None (it failed or is slow)."""
     answer: list = []
-
-    def run() -> None:
-        try:
-            answer.append(work())
-        except Exception:  # noqa: BLE001 - a store that is gone or slow: the note is best effort
-            pass
-
-    thread = threading.Thread(target=run, name="zerocomm-abandon-note", daemon=True)
-    thread.start()
-    thread.join(STORE_S)
+    best_effort.within(lambda: answer.append(work()), STORE_S)
     return answer[0] if answer else None
 
 

@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-from . import environment
+from . import best_effort, environment
 from .transport import USER_TAG_LIMIT
 
 #: Calls each group keeps (a power of two: a call's slot is ``seq & MASK``).
@@ -52,10 +52,12 @@ KEY = "zerocomm/flight/{rank}"
 DUMP_NAME = "flight-rank{rank}.json"
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: The library's folders: frames in them are not a caller's (``tests`` and ``benchmarks`` use the library as
-#: users do).  torch.distributed's own frames are passed over too: a call made through torch's API (DDP's
-#: reducer, ``torch.distributed.all_reduce`` on a zerocomm world) is the user's line above them.
-_LIBRARY_DIRS = tuple(os.path.join(_PACKAGE, name) + os.sep for name in ("comm", "zero", "ops", "integrations"))
+#: The communication layer's folder: frames in it are not a caller's.  Its users are callers: the user's code,
+#: ``tests`` and ``benchmarks``, and ``zero/`` and ``integrations/``, whose line says which part of a ZeRO step
+#: was communicating (a bucket's reduce-scatter, a unit's gather).  torch.distributed's own frames are passed
+#: over too: a call made through torch's API (DDP's reducer, ``torch.distributed.all_reduce`` on a zerocomm
+#: world) is the user's line above them.
+_LIBRARY_DIRS = tuple(os.path.join(_PACKAGE, name) + os.sep for name in ("comm", "ops"))
 _LIBRARY_FILES = (os.path.join(_PACKAGE, "__init__.py"),)
 try:
     import torch.distributed as _td
@@ -66,11 +68,12 @@ except ImportError:  # pragma: no cover - torch is a dependency
 #: Code objects met by :func:`outside`, by ``id`` (a code object's own hash reads its whole bytecode and
 #: constants: far too slow for every call): ``id -> (code, is the library's)``; the code is kept so that its
 #: id is never reused while it is in here.
-_KNOWN: Dict[int, tuple] = {}
-_KNOWN_LIMIT = 1 << 14  # code made at run time (exec) could be endless: forget and learn again past this
-#: ``HOT[0]``: the last caller's code met first on a call's frame walk.  ``Group.run`` compares a call's
-#: frame with it by identity and calls :func:`outside` only where it differs.
-HOT: list = [None]
+KNOWN: Dict[int, tuple] = {}
+KNOWN_LIMIT = 1 << 14  # code made at run time (exec) could be endless: forget and learn again past this
+#: The last callers' codes met first on a call's frame walk (4 slots, the oldest replaced).  ``Group.run``
+#: compares a call's frame with them by identity and calls :func:`outside` only where it differs from all.
+HOT: list = [None, None, None, None]
+_HOT_NEXT = [0]
 
 
 class _Nowhere:
@@ -94,14 +97,15 @@ def outside(frame):
     first = True
     while frame is not None:
         code = frame.f_code
-        known = _KNOWN.get(id(code))
+        known = KNOWN.get(id(code))
         if known is None or known[0] is not code:
-            if len(_KNOWN) >= _KNOWN_LIMIT:
-                _KNOWN.clear()
-            known = _KNOWN[id(code)] = (code, _is_library(code))
+            if len(KNOWN) >= KNOWN_LIMIT:
+                KNOWN.clear()
+            known = KNOWN[id(code)] = (code, _is_library(code))
         if not known[1]:
-            if first:
-                HOT[0] = code
+            if first and code not in HOT:
+                HOT[_HOT_NEXT[0]] = code
+                _HOT_NEXT[0] = (_HOT_NEXT[0] + 1) % len(HOT)
             return frame
         first = False
         frame = frame.f_back
@@ -268,7 +272,7 @@ class Publisher:
         """:meth:`publish` from an error path or ``destroy_process_group``: within :data:`READ_S`, never raising
         (a store whose host is gone or stuck must not hold back the error or the destroy)."""
         if self.store is not None:
-            _within(self.publish, READ_S)
+            best_effort.within(self.publish, READ_S)
 
     def _serve(self) -> None:
         while not self._stop.wait(PUBLISH_S):
@@ -280,7 +284,7 @@ class Publisher:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=READ_S)
+            self._thread.join(timeout=0.0 if best_effort.gave_up() else READ_S)
         self.publish_now()
 
     def read(self, ranks: List[int], timeout_s: float = READ_S) -> Dict[int, object]:
@@ -301,22 +305,8 @@ class Publisher:
                 except Exception as error:  # the store's host went away
                     found[rank] = f"unavailable (store: {type(error).__name__}: {str(error).splitlines()[0][:80]})"
 
-        _within(fetch, timeout_s)
+        best_effort.within(fetch, timeout_s)
         return dict(found)
-
-
-def _within(function, timeout_s: float) -> None:
-    """Run ``function`` on a daemon thread and wait for it at most ``timeout_s``; its errors are dropped (the
-    flight recorder only ever adds to an error, and must not raise one of its own)."""
-    def run():
-        try:
-            function()
-        except Exception:
-            pass
-
-    worker = threading.Thread(target=run, name="zerocomm.flight-store", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
 
 
 #: Groups destroyed while the world lives (the newest :data:`CLOSED_KEPT`): dumps still write their records.
@@ -330,6 +320,7 @@ def start(store, rank: int, world_size: int, groups, backend: str = "") -> None:
     world's groups by name (``World.groups``), read, never written."""
     global PUBLISHER
     stop()
+    best_effort.reset()
     PUBLISHER = Publisher(store, rank, world_size, groups, backend)
 
 

@@ -38,8 +38,8 @@ from .work import IssuedWork, Work
 
 _monotonic = time.monotonic
 _getframe = sys._getframe
-#: ``[the code of the last caller met first on a frame walk]`` (``flight.HOT``): a recorded call whose frame is
-#: that code's needs no walk (compared by identity: a code object's hash reads its whole bytecode).
+#: The codes of the last callers met first on a frame walk (``flight.HOT``): a recorded call whose frame is one
+#: of them needs no walk (compared by identity: a code object's hash reads its whole bytecode).
 _CALLER = flight.HOT
 _FLIGHT_MASK = flight.MASK
 #: The checker whose check an "shm" call's own first sync runs, settled after the call if it never synced.
@@ -172,7 +172,9 @@ class Group:
             if ring is not None:  # the flight recorder (flight.py): the call, and where the caller made it
                 frame = _getframe(3)  # Group.run <- Plan.run <- the public function <- usually the caller
                 code = frame.f_code
-                if code is not _CALLER[0]:
+                # One of the last callers met first (ZeRO's call sites take turns): no walk, no call.
+                if code is not _CALLER[0] and code is not _CALLER[1] and code is not _CALLER[2] \
+                        and code is not _CALLER[3]:
                     frame = flight.outside(frame)
                     code = frame.f_code
                 # The call's cell (collective, op, dtype, root, algorithm: ``Call.check``) and size, read back by
