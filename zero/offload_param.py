@@ -102,12 +102,13 @@ class MemoryShards:
         return out
 
 
-class UnitShards:
+class UnitShards(MemoryShards):
     """Every unit's shard in a tensor of its own on ``device``, allocated when the unit is first written or read.
 
     For a model whose values arrive one unit at a time (param_source.py): while the values come in, their
     source frees what it held for each unit as the unit's shard is written, so the two together stay near one
-    shard, where one flat tensor reserved at once would sit beside the whole source."""
+    shard, where one flat tensor reserved at once would sit beside the whole source.  Reading, writing and the
+    rest are :class:`MemoryShards`'; only where a shard lives differs."""
 
     def __init__(self, numels: Sequence[int], *, dtype: torch.dtype, device: torch.device):
         self.numels, self.dtype, self.device = list(numels), dtype, device
@@ -117,19 +118,6 @@ class UnitShards:
         if self.units[u] is None:
             self.units[u] = torch.empty(self.numels[u], dtype=self.dtype, device=self.device)
         return self.units[u]
-
-    def fetch(self, u: int) -> torch.Tensor:
-        return self.shard(u)
-
-    def read_ahead(self, u: int) -> None:
-        pass  # nothing to read: the shard is where the gather runs
-
-    def write(self, u: int, values: torch.Tensor, start: int) -> None:
-        with torch.no_grad():
-            self.shard(u)[start:start + values.numel()].copy_(values)
-
-    def invalidate(self) -> None:
-        pass
 
     def placement(self, where: str) -> dict:
         out = {"device": 0, "host": 0, "disk": 0}
