@@ -12,8 +12,8 @@ C_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
 EXTENSIONS = [
     Extension("zerocomm.ops._onebit", ["ops/_onebit.c"], extra_compile_args=C_FLAGS, optional=True),
     Extension("zerocomm.ops._quantize", ["ops/_quantize.c"], extra_compile_args=C_FLAGS, optional=True),
-    Extension("zerocomm.comm.backends._mpifast", ["comm/backends/_mpifast.c", "comm/backends/_mpicheck.c"],
-              depends=["comm/backends/_mpifast.h"], extra_compile_args=["-O2"], optional=True),
+    Extension("zerocomm.comm.backends._mpifast", ["comm/backends/_mpifast.c"],
+              extra_compile_args=["-O2"], optional=True),
     Extension("zerocomm.comm._shmfast", ["comm/_shmfast.c"], extra_compile_args=C_FLAGS, optional=True),
 ]
 

@@ -15,8 +15,8 @@ started one.
 
 ``--backend nccl-standin`` counts the NCCL backend's path where no GPU is: the world runs on
 ``NcclHostStandIn``, the NCCL backend's own class and methods (its ``NATIVE`` and ``ISSUE`` tables, its
-``agree``) with torch's ``ProcessGroupGloo`` and CPU tensors in place of ``ProcessGroupNCCL`` and CUDA
-tensors, planned and checked as an NCCL group is (the mismatch check through ``Backend.agree``, never a
+``reduce_stage``) with torch's ``ProcessGroupGloo`` and CPU tensors in place of ``ProcessGroupNCCL`` and CUDA
+tensors, planned and checked as an NCCL group is (the mismatch check through ``Backend.reduce_stage``, never a
 shared-memory round).  The six native kinds are counted with the check on and with it off
 (``configure(check=False)``, as ``ZEROCOMM_CHECK=0``), beside torch's own call on a gloo group.  torch's
 Python is the same for an NCCL group: ``torch.distributed``'s ``all_reduce``, ``all_gather_single`` and
@@ -161,7 +161,7 @@ def _standin_table(kinds, rows) -> str:
                       "" if theirs <= 0 else f"{checked / theirs:.2f}",
                       "" if theirs <= 0 else f"{unchecked / theirs:.2f}", "yes" if started else ""])
     return ("# the NCCL backend's own methods over gloo's ProcessGroupGloo and CPU tensors (NcclHostStandIn), "
-            "checked through Backend.agree;\n"
+            "checked through Backend.reduce_stage;\n"
             "# torch: torch.distributed's call on a gloo group (the same Python as on an NCCL group, but for "
             "broadcast, whose CUDA capability query adds over a dozen calls on a GPU).\n"
             "# Host-side Python calls only: device time must be measured on a GPU (zerocomm-bench gpu --sections "

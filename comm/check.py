@@ -1,45 +1,54 @@
-"""The mismatch check: every rank of a group makes the same call, checked in this one module.
+"""The mismatch check: every rank of a group makes the same call, checked by one object per group.
 
 A collective whose ranks disagree -- a different collective, size, dtype, op, root or algorithm --
 gives garbage, a hang or an abort on the wire.  So before a call moves a byte, every rank of its
-group takes part in one small round that compares a 62-bit :func:`digest` of the call's
+group takes part in one small round that compares a :data:`DIGEST_BITS`-bit :func:`digest` of the call's
 fingerprint ``(tag, numel, collective, op, dtype, root, algorithm)``; where the digests differ, every
 rank all-gathers the whole fingerprints and raises ``CollectiveMismatchError`` naming the first two
-ranks that differ (:func:`name_mismatch`).  On by default; ``ZEROCOMM_CHECK=0`` turns it off and
-``ZEROCOMM_DEBUG=1`` all-gathers the fingerprints on every call.
+ranks that differ (:meth:`MismatchCheck.name_mismatch`).  On by default; ``ZEROCOMM_CHECK=0`` turns it
+off and ``ZEROCOMM_DEBUG=1`` all-gathers the fingerprints on every call.
 
-A plan (``plan.py``) picks its row's checker once, with :func:`checker_for`; ``Group.execute``
-runs it before the call's function -- the check wraps the plan, no route carries it inside.  The
-checkers, one per way a group's ranks can meet:
+Each group owns one :class:`MismatchCheck` (``Group.check``).  A plan (``plan.py``) asks it once per row
+which of its checkers wraps the row's calls (:meth:`MismatchCheck.checker_for`); ``Group.execute`` runs
+that checker before the call's function -- the check wraps the plan, no route carries it inside.  The
+object owns the digest, the stage's format and the comparison; what it asks of the ways ranks meet is a
+round of one of two kinds:
 
-* :func:`in_segment` -- every rank on one host, sharing a segment (``topology.shares_memory``):
-  one round of the shared-memory arena's step words (a few µs).  A small all_reduce (at most
-  ``RIDE_BYTES``, a dtype and op the C round reduces: the plan's ``ride``) of "shm" (whose small
-  all_reduce is that round) or "native", or at two ranks of any algorithm whose bits the round
+* the **stage** (see [Note: the stage]): :data:`STAGE` float64s holding the digest's pieces and a small
+  all_reduce's payload, SUM-reduced by the one primitive a backend offers the check,
+  ``Backend.reduce_stage`` (gloo's, MPI's and NCCL's own small all_reduce), or by the hierarchical
+  algorithm across hosts;
+* the **segment round**: ranks sharing a shared-memory segment (``topology.shares_memory``) write the
+  digest into their line of the arena and compare every peer's (``shm.Arena``; in C, ``_shmfast``), a few
+  µs; a small all_reduce of any dtype and op the C round reduces rides in that round.
+
+The checkers, one per place a group's ranks can meet:
+
+* :meth:`~MismatchCheck.in_segment` -- every rank on one host, sharing a segment: one segment round.  A small
+  all_reduce (at most ``RIDE_BYTES``, a dtype and op the C round reduces: the plan's ``ride``) of "shm"
+  (whose small all_reduce is that round) or "native", or at two ranks of any algorithm whose bits the round
   reproduces, rides in that round and is done by it; at more ranks a ridden "native" call's result can
   differ from the backend's own in the last bit (another order of summation), the same on every rank.
-* :func:`in_first_sync` -- an "shm" call on such a group: armed here, compared in the call's own
-  first sync (no round of its own); :func:`settle` after the call runs it if the call never synced.
-* :func:`across_hosts` -- CPU ranks on several hosts, each host's ranks sharing a segment: the
-  digests meet in one small hierarchical all_reduce -- inside each host through its segment, across
-  hosts once among one rank per host (between two hosts, one round trip of the link, where a flat
-  all_reduce of every rank crosses it at several of its steps); a small SUM/AVG all_reduce of floats
-  by "native" or "hierarchical" rides in it.
-* :func:`through_backend` -- any other group spanning hosts, or whose ranks share no segment:
-  ``Backend.agree``, the backend's own round trip (about one small native all_reduce), where the
-  backend may carry a small all_reduce too.
-* :func:`full` -- debug: the whole fingerprints, all-gathered on every call.
+* :meth:`~MismatchCheck.in_first_sync` -- an "shm" call on such a group: armed here, compared in the call's
+  own first sync (no round of its own); :meth:`~MismatchCheck.settle` after the call runs it if the call
+  never synced.
+* :meth:`~MismatchCheck.across_hosts` -- CPU ranks on several hosts, each host's ranks sharing a segment:
+  the stage, reduced by the hierarchical algorithm -- inside each host through its segment, across hosts
+  once among one rank per host (between two hosts one round trip of the link, where a flat all_reduce of
+  every rank crosses it at several of its steps).
+* :meth:`~MismatchCheck.through_backend` -- any other group: the stage, reduced by ``Backend.reduce_stage``.
+* :meth:`~MismatchCheck.full` -- debug: the whole fingerprints, all-gathered on every call.
 
 [Note: one place per group]  Where "shm" calls can run, every call of the group checks in the
 segment, whatever its algorithm: a call checked through the backend could not meet a peer that
 made an "shm" call in its place, and both would wait out the deadline.  Across hosts no call runs
-as "shm", and every call of a group checks the same way (:func:`across_hosts`, or through the backend
+as "shm", and every call of a group checks the same way (across hosts, or through the backend
 from the first call on where the hosts cannot all share a segment: every rank learns that alike).
 
 A checker is ``checker(call, tag, deadline) -> bool``: True when the call's all_reduce rode in the
 check and is done (``Group.execute`` then skips the call's function).  It raises
-``TimeoutError`` or ``PeerFailure`` as a collective would, ``shm.CallMismatch`` from a segment round,
-or ``CollectiveMismatchError``.
+``TimeoutError`` or ``PeerFailure`` as a collective would, ``shm.CallMismatch`` from a segment round
+(typed by :meth:`MismatchCheck.mismatch_error`), or ``CollectiveMismatchError``.
 """
 from __future__ import annotations
 
@@ -48,14 +57,81 @@ from typing import Callable, Optional
 import torch
 
 from . import shm
-from .shm import digest  # the call digest: in C beside the rounds that compare it
 from .algorithms import ALGORITHM_NAMES, COLLECTIVES
 from .algorithms.hierarchical import all_reduce_hierarchical, host_communicator
 from .algorithms.tree import all_reduce_recursive_doubling
 from .errors import CollectiveMismatchError, UnsupportedError
 from .reduce_op import SUPPORTED_DTYPES
 from .topology import shares_memory
-from .transport import AGREE_AND_REDUCED, DISAGREE, USER_TAG_LIMIT
+from .transport import USER_TAG_LIMIT
+
+
+# -- the digest --------------------------------------------------------------------------------------
+
+#: The digest's width: an int in ``[0, 2**DIGEST_BITS)``, so that it and its negation fit an int64, and its
+#: pieces (:data:`PIECE_BITS` each) sum exactly in float64 (see [Note: the stage]).
+DIGEST_BITS = 62
+DIGEST_MASK = (1 << DIGEST_BITS) - 1
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    x ^= x >> 30
+    x = x * 0xBF58476D1CE4E5B9 & _M64
+    x ^= x >> 27
+    x = x * 0x94D049BB133111EB & _M64
+    return x ^ (x >> 31)
+
+
+def digest_twin(tag: int, numel: int, cell_code: int) -> int:
+    """The hash of one call: its tag (the group's sequence number), its element count and its cell code (the
+    hash of :func:`fingerprint_cell`'s tuple), mixed by splitmix64's finalizer modulo 2**64 and kept to
+    :data:`DIGEST_BITS` bits.  ``_shmfast``'s ``digest`` (and its segment round, which hashes in C) give the
+    same bits: the C form is used where built."""
+    x = (tag * 0x9E3779B97F4A7C15 + _mix64((numel + 0x632BE59BD9B4E019) & _M64)) & _M64 ^ (cell_code & _M64)
+    return _mix64(x) & DIGEST_MASK
+
+
+#: ``digest(tag, numel, cell_code)``: in C beside the segment round where built, else its Python twin.
+digest = shm.digest_in_c or digest_twin
+
+
+# [Note: the stage]  Every check that meets through a reduction SUM-reduces one stage of STAGE float64s, the
+# same size for every call (a transport may abort a receive of an unexpected size, and ranks that called
+# different things must still make the same call on the wire): a header of the digest's four pieces p of
+# PIECE_BITS bits (the last has 14), each as (p, p*p), then up to STAGE_PAYLOAD elements of a small
+# all_reduce.  Sums of integers below 2**53 are exact, so a rank holding p sees sum(p) == n*p and
+# sum(p*p) == n*p*p exactly when every rank holds p (Cauchy-Schwarz): the verdict is the same on every rank,
+# below EXACT_RANKS ranks (beyond, the check all-gathers the fingerprints).  The payload is summed in float64
+# (AVG divided there too) and rounded once into the tensor (a SUM at two ranks: the dtype's own sum bit for bit);
+# whether a call rides depends on its cell and size alone, which the digest compares.
+PIECE_BITS = 16
+_PIECES = 4
+STAGE_HEADER = 2 * _PIECES
+#: Elements of a small all_reduce that ride in the stage.
+STAGE_PAYLOAD = 8
+#: float64 elements of the stage.
+STAGE = STAGE_HEADER + STAGE_PAYLOAD
+#: Below this many ranks, n*p*p stays below 2**53: the stage's sums are exact.
+EXACT_RANKS = 1 << (53 - 2 * PIECE_BITS)
+_PIECE = (1 << PIECE_BITS) - 1
+_STAGE_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+_STAGE_ALGORITHMS = frozenset(("native", "hierarchical"))
+
+
+def stage_header(code: int) -> tuple:
+    """The stage's header for digest ``code``: ``(p0, p0*p0, p1, p1*p1, ...)``, its pieces from the low bits."""
+    header = []
+    for k in range(_PIECES):
+        piece = (code >> (PIECE_BITS * k)) & _PIECE
+        header += (piece, piece * piece)
+    return tuple(header)
+
+
+def stage_agrees(reduced: list, header: tuple, n: int) -> bool:
+    """Whether a stage's reduced header (the first :data:`STAGE_HEADER` values, summed over ``n`` ranks) says every
+    rank held this rank's ``header``."""
+    return all(reduced[k] == n * header[k] for k in range(STAGE_HEADER))
 
 
 #: The largest all_reduce (bytes) that rides in the segment's check round instead of running on the backend.
@@ -83,23 +159,6 @@ def describe(row) -> str:
             f"(algorithm {ALGORITHM_NAMES[alg]})")
 
 
-# -- choosing a checker, once per plan row -----------------------------------------------------------
-
-def checker_for(group, algorithm: str, config) -> Optional[Checker]:
-    """The checker of ``group``'s calls by ``algorithm`` under ``config`` (``CommConfig``), or ``None``: the
-    check is off, or the group has one rank (no peer to differ from)."""
-    if group.communicator.size == 1 or not (config.check or config.debug):
-        return None
-    if config.debug:
-        return full
-    if shares_memory(group.communicator):
-        return in_first_sync if algorithm == "shm" else in_segment
-    local = group.communicator.local
-    if local.one_host is False and not local.no_segment and group.on_cpu and group.size() < _EXACT_RANKS:
-        return across_hosts
-    return through_backend
-
-
 def _fingerprint(call, tag: int) -> tuple:
     return (tag, call.numel, *call.check[1])
 
@@ -109,124 +168,179 @@ def _reached(call, tag: int, error: TimeoutError) -> TimeoutError:
                         "a rank that never arrives is alive but stuck, or called something else first")
 
 
-def _arena(call, tag: int, deadline: Optional[float]):
-    """The group's arena, made by its first check (every rank together); ``None`` where the ranks turned out
-    unable to share a segment (every rank alike): the group's plans are then made again, checking through
-    the backend."""
-    try:
-        return shm.arena(call.group.communicator, tag=tag, deadline=deadline)
-    except UnsupportedError:
-        call.group.forget_plans()
-        return None
+class MismatchCheck:
+    """The mismatch check of one group (``Group.check``): its checkers, the stage it reduces, the verdict.
 
+    Every rank of the group runs the same checker for the same call (see [Note: one place per group]).  The
+    checkers are bound once, here, so that a plan can tell them apart by identity (:meth:`rides_in_segment`).
+    """
 
-def in_segment(call, tag: int, deadline: Optional[float]) -> bool:
-    """One round of the arena's step words comparing the digests; a small all_reduce asked of the backend
-    ("native", a dtype and op the C round reduces, at most ``RIDE_BYTES``) rides in it and is done."""
-    arena = call.group.communicator.local.arena
-    try:
-        if arena is None and call.algorithm == "shm":  # a riding "shm" call: no segment refuses it, as "shm" does
-            arena = _shm_arena(call, tag, deadline)
-        elif arena is None:
-            arena = _arena(call, tag, deadline)
-            if arena is None:
-                return through_backend(call, tag, deadline)
-        ride = call.ride
-        if shm.FAST_ROUNDS:  # the round and its digest in one C call (Arena.checked_round, without its frame)
-            numel = call.numel
-            answer = (arena.rounds.check(tag, numel, call.check[0], 0, 0, 0, 0) if ride is None
-                      else arena.rounds.check(tag, numel, call.check[0], call.args[0].data_ptr(), numel, ride[0],
-                                              ride[1]))
-            if answer:
-                arena.settle_check(answer, deadline)
-            return ride is not None
-        arena.checked_round((tag, call.numel, call.check[0]), None, 0, 0, 0, 0, deadline)
-    except TimeoutError as error:
-        raise _reached(call, tag, error) from None
-    except shm.CallMismatch:  # the fingerprint, made only now: every call would pay for it
-        raise shm.CallMismatch(_fingerprint(call, tag)) from None
-    return False
+    def __init__(self, group):
+        self.group = group
+        #: The stage (host memory; see [Note: the stage]), made once: a call allocates nothing.
+        self.stage = torch.zeros(STAGE, dtype=torch.float64)
+        self._words = self.stage.numpy()
+        # Each checker bound once (an attribute read then returns the same object): plans compare them by identity.
+        for name in ("in_segment", "in_first_sync", "across_hosts", "through_backend", "full"):
+            setattr(self, name, getattr(self, name))
 
+    # -- choosing a checker, once per plan row -------------------------------------------------------
+    def checker_for(self, algorithm: str, config) -> Optional[Checker]:
+        """The checker of the group's calls by ``algorithm`` under ``config`` (``CommConfig``), or ``None``: the
+        check is off, or the group has one rank (no peer to differ from)."""
+        group = self.group
+        if group.communicator.size == 1 or not (config.check or config.debug):
+            return None
+        if config.debug or group.size() >= EXACT_RANKS:
+            return self.full
+        if shares_memory(group.communicator):
+            return self.in_first_sync if algorithm == "shm" else self.in_segment
+        local = group.communicator.local
+        if local.one_host is False and not local.no_segment and group.on_cpu:
+            return self.across_hosts
+        return self.through_backend
 
-def in_first_sync(call, tag: int, deadline: Optional[float]) -> bool:
-    """Arm the check of an "shm" call: its first sync compares the digests (no round of its own).  A small
-    all_reduce (the plan's ``ride``) is that one round: the plan checks it with :func:`in_segment` instead."""
-    arena = call.group.communicator.local.arena
-    if arena is None:
+    def rides_in_segment(self, checker: Optional[Checker]) -> bool:
+        """Whether ``checker`` meets in the segment round, where a small all_reduce can ride (``plan.py``)."""
+        return checker is self.in_segment or checker is self.in_first_sync
+
+    # -- the segment round ---------------------------------------------------------------------------
+    def _arena(self, call, tag: int, deadline: Optional[float], refuse: bool):
+        """The group's arena, made by its first check (every rank together).  Where the ranks turn out unable to
+        share a segment (every rank alike) the group's plans are made again from the next call on, and this
+        call raises ``UnsupportedError`` (``refuse``: an "shm" call, which no segment refuses) or gets ``None``."""
         try:
-            arena = _shm_arena(call, tag, deadline)
+            return shm.arena(self.group.communicator, tag=tag, deadline=deadline)
+        except UnsupportedError:
+            self.group.forget_plans()
+            if refuse:
+                raise
+            return None
+
+    def in_segment(self, call, tag: int, deadline: Optional[float]) -> bool:
+        """One segment round comparing the digests; a small all_reduce asked of the backend ("native", a dtype
+        and op the C round reduces, at most ``RIDE_BYTES``) rides in it and is done."""
+        arena = self.group.communicator.local.arena
+        try:
+            if arena is None:
+                arena = self._arena(call, tag, deadline, refuse=call.algorithm == "shm")
+                if arena is None:
+                    return self.through_backend(call, tag, deadline)
+            ride = call.ride
+            if shm.FAST_ROUNDS:  # the round and its digest in one C call (Arena.checked_round, without its frame)
+                numel = call.numel
+                answer = (arena.rounds.check(tag, numel, call.check[0], 0, 0, 0, 0) if ride is None
+                          else arena.rounds.check(tag, numel, call.check[0], call.args[0].data_ptr(), numel, ride[0],
+                                                  ride[1]))
+                if answer:
+                    arena.settle_check(answer, deadline)
+                return ride is not None
+            arena.checked_round((tag, call.numel, call.check[0]), digest(tag, call.numel, call.check[0]), None,
+                                0, 0, 0, 0, deadline)
         except TimeoutError as error:
             raise _reached(call, tag, error) from None
-    arena.expect(digest(tag, call.numel, call.check[0]), (tag, call.numel, *call.check[1]))
-    return False
+        except shm.CallMismatch:  # the fingerprint, made only now: every call would pay for it
+            raise shm.CallMismatch(_fingerprint(call, tag)) from None
+        return False
 
+    def in_first_sync(self, call, tag: int, deadline: Optional[float]) -> bool:
+        """Arm the check of an "shm" call: its first sync compares the digests (no round of its own).  A small
+        all_reduce (the plan's ``ride``) is that one round: the plan checks it with ``in_segment`` instead."""
+        arena = self.group.communicator.local.arena
+        if arena is None:
+            try:
+                arena = self._arena(call, tag, deadline, refuse=True)
+            except TimeoutError as error:
+                raise _reached(call, tag, error) from None
+        arena.expect(digest(tag, call.numel, call.check[0]), _fingerprint(call, tag))
+        return False
 
-def _shm_arena(call, tag: int, deadline: Optional[float]):
-    """The arena of an "shm" call's group, made by its first call (every rank together); ``UnsupportedError``
-    where the ranks cannot share a segment (every rank alike): "auto" chooses again from then on."""
-    try:
-        return shm.arena(call.group.communicator, tag=tag, deadline=deadline)
-    except UnsupportedError:
-        call.group.forget_plans()
-        raise
+    def settle(self, call, deadline: Optional[float]) -> None:
+        """After an "shm" call armed by ``in_first_sync``: run its check if the call never synced."""
+        arena = self.group.communicator.local.arena
+        if arena is not None and arena.armed is not None:
+            arena.settle(deadline)
 
-
-def settle(call, deadline: Optional[float]) -> None:
-    """After an "shm" call armed by :func:`in_first_sync`: run its check if the call never synced."""
-    arena = call.group.communicator.local.arena
-    if arena is not None and arena.armed is not None:
-        arena.settle(deadline)
-
-
-def across_hosts(call, tag: int, deadline: Optional[float]) -> bool:
-    """The digests meet in a SUM all_reduce of a stage of float64s by the hierarchical algorithm (see
-    [Note: the stage across hosts]); a small SUM/AVG all_reduce of floats by "native" or "hierarchical" rides
-    in it and is done."""
-    group = call.group
-    t = group.communicator
-    try:
-        if not t.local.host_segments and not _hosts_share_segments(t, tag, deadline):
-            group.forget_plans()  # every rank alike: from now on the group checks through the backend
-            return through_backend(call, tag, deadline)
-        code = digest(tag, call.numel, call.check[0])
-        pieces = (code & 0xFFFF, (code >> 16) & 0xFFFF, (code >> 32) & 0xFFFF, code >> 48)
-        stage = torch.zeros(_STAGE, dtype=torch.float64)
-        stage[:_HEADER] = torch.tensor([x for piece in pieces for x in (piece, piece * piece)], dtype=torch.float64)
+    # -- the stage -----------------------------------------------------------------------------------
+    def _staged(self, call, tag: int, deadline: Optional[float], reduce: Callable[[torch.Tensor], None]) -> bool:
+        """The digests meet in the stage (see [Note: the stage]), SUM-reduced by ``reduce(stage)``; a small SUM/AVG
+        all_reduce of floats by "native" or "hierarchical" rides in it and is done, where the backend's tensors live
+        beside the stage (``Backend.STAGE_RIDES``)."""
+        header = stage_header(digest(tag, call.numel, call.check[0]))
+        words = self._words
+        words[:STAGE_HEADER] = header
         numel = call.numel
         rides = (0 < numel <= STAGE_PAYLOAD and call.collective == "all_reduce" and call.options is None
-                 and call.algorithm in _RIDE_ALGORITHMS and call.op in ("sum", "avg") and call.dtype in _RIDE_DTYPES)
+                 and call.op in ("sum", "avg") and call.algorithm in _STAGE_ALGORITHMS and call.dtype in _STAGE_DTYPES
+                 and self.group.backend_type.STAGE_RIDES)
         if rides:
-            stage[_HEADER:_HEADER + numel] = call.args[0]
-        all_reduce_hierarchical(t, stage, "sum", tag=tag, deadline=deadline, segment_bytes=0)
-    except TimeoutError as error:
-        raise _reached(call, tag, error) from None
-    n, header = t.size, stage[:_HEADER].tolist()
-    if any(header[2 * k] != n * piece or header[2 * k + 1] != n * piece * piece for k, piece in enumerate(pieces)):
-        name_mismatch(group, _fingerprint(call, tag), deadline)  # raises, or the digests collided: the call runs
+            self.stage[STAGE_HEADER:STAGE_HEADER + numel] = call.args[0]
+        try:
+            reduce(self.stage)
+        except TimeoutError as error:
+            raise _reached(call, tag, error) from None
+        n = self.group.communicator.size
+        if not stage_agrees(words[:STAGE_HEADER].tolist(), header, n):
+            self.name_mismatch(_fingerprint(call, tag), deadline)  # raises, or the digests collided: the call runs
+            return False
+        if rides:
+            reduced = self.stage[STAGE_HEADER:STAGE_HEADER + numel]
+            call.args[0].copy_(reduced / n if call.op == "avg" else reduced)
+        return rides
+
+    def across_hosts(self, call, tag: int, deadline: Optional[float]) -> bool:
+        """The stage, reduced by the hierarchical algorithm: inside each host through its segment, across hosts
+        once among one rank per host."""
+        t = self.group.communicator
+        try:
+            if not t.local.host_segments and not _hosts_share_segments(t, tag, deadline):
+                self.group.forget_plans()  # every rank alike: from now on the group checks through the backend
+                return self.through_backend(call, tag, deadline)
+        except TimeoutError as error:
+            raise _reached(call, tag, error) from None
+        return self._staged(call, tag, deadline, lambda stage: all_reduce_hierarchical(
+            t, stage, "sum", tag=tag, deadline=deadline, segment_bytes=0))
+
+    def through_backend(self, call, tag: int, deadline: Optional[float]) -> bool:
+        """The stage, reduced by the backend's own primitive (``Backend.reduce_stage``)."""
+        communicator = self.group.communicator
+        return self._staged(call, tag, deadline, lambda stage: communicator.reduce_stage(stage, deadline=deadline))
+
+    # -- naming the ranks that differ ----------------------------------------------------------------
+    def full(self, call, tag: int, deadline: Optional[float]) -> bool:
+        """Debug: all-gather every rank's whole fingerprint, on every call."""
+        try:
+            self.name_mismatch(_fingerprint(call, tag), deadline)
+        except TimeoutError as error:
+            raise _reached(call, tag, error) from None
         return False
-    if rides:
-        reduced = stage[_HEADER:_HEADER + numel]
-        call.args[0].copy_(reduced / n if call.op == "avg" else reduced)
-    return rides
 
+    def name_mismatch(self, mine: tuple, deadline: Optional[float]) -> None:
+        """All-gather every rank's fingerprint ``mine`` (``(tag, numel, *cell)``) over the group's backend; raise
+        ``CollectiveMismatchError`` naming the first two ranks that differ.  Every rank of the group calls it."""
+        group = self.group
+        backend = group.communicator
+        row = torch.tensor(mine, dtype=torch.int64, device=group.device_type)
+        everyone = torch.empty(backend.size * row.numel(), dtype=row.dtype, device=row.device)
+        backend.NATIVE["all_gather"](backend, everyone, row, tag=0, deadline=deadline, segment_bytes=0)
+        rows = everyone.view(backend.size, -1).tolist()
+        for other in range(1, backend.size):
+            if rows[0] != rows[other]:
+                raise CollectiveMismatchError(
+                    f"rank {group.my_global_rank}: mismatched collectives on {group.describe()}: rank {group.ranks[0]} "
+                    f"called {describe(rows[0])}, but rank {group.ranks[other]} called {describe(rows[other])}")
 
-# [Note: the stage across hosts]  The check of a group spanning hosts all-reduces (SUM) _STAGE float64s, the
-# same size for every call (a transport may abort a receive of an unexpected size): a header of the digest's
-# four pieces p of 16 bits, each as (p, p*p), then up to STAGE_PAYLOAD elements of a small all_reduce.
-# Sums of integers below 2**53 are exact, so a rank holding p sees sum(p) == n*p and sum(p*p) == n*p*p exactly
-# when every rank holds p (Cauchy-Schwarz): the verdict is the same on every rank.  The hierarchical algorithm
-# meets inside each host through its segment and across hosts once, among one rank per host: between two hosts
-# one round trip of the link, where a flat all_reduce of every rank crosses it at several of its steps.  The
-# payload is summed in float64 and rounded once into the tensor (AVG divided before), the same bits on every
-# rank; whether a call rides depends on its cell and size alone, which the digest compares.
-_HEADER = 8
-#: Elements of a small all_reduce that ride in the check of a group spanning hosts.
-STAGE_PAYLOAD = 8
-_STAGE = _HEADER + STAGE_PAYLOAD
-_RIDE_ALGORITHMS = frozenset(("native", "hierarchical"))
-#: ... and n*p*p stays below 2**53.
-_EXACT_RANKS = 1 << 21
-_RIDE_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+    def mismatch_error(self, collective: str, mismatch: "shm.CallMismatch",
+                       deadline: Optional[float]) -> CollectiveMismatchError:
+        """The error of a segment round whose digests differed (on every rank at once): every rank all-gathers the
+        fingerprints (:meth:`name_mismatch`).  Raises ``TimeoutError``/``PeerFailure`` from that all-gather (a peer
+        that called something else had left)."""
+        try:
+            self.name_mismatch(mismatch.fingerprint, deadline)
+        except CollectiveMismatchError as error:
+            return error
+        return CollectiveMismatchError(f"rank {self.group.my_global_rank}: {collective} on {self.group.describe()}: "
+                                       f"the ranks' call digests differed")
 
 
 def _hosts_share_segments(t, tag: int, deadline: Optional[float]) -> bool:
@@ -249,42 +363,6 @@ def _hosts_share_segments(t, tag: int, deadline: Optional[float]) -> bool:
     return False
 
 
-def through_backend(call, tag: int, deadline: Optional[float]) -> bool:
-    """``Backend.agree``: the backend's own round trip; an all_reduce's tensor goes along (the backend may
-    carry a small one in that round and answer ``AGREE_AND_REDUCED``)."""
-    group = call.group
-    rides = call.collective == "all_reduce" and call.options is None
-    try:
-        agreed = group.communicator.agree(digest(tag, call.numel, call.check[0]), deadline,
-                                          call.args[0] if rides else None, call.op, tag=tag,
-                                          algorithm=call.algorithm)
-    except TimeoutError as error:
-        raise _reached(call, tag, error) from None
-    if agreed == DISAGREE:
-        name_mismatch(group, _fingerprint(call, tag), deadline)
-        return False  # the digests collided, the fingerprints are the same: the call runs
-    return agreed == AGREE_AND_REDUCED
-
-
-def full(call, tag: int, deadline: Optional[float]) -> bool:
-    """Debug: all-gather every rank's whole fingerprint, on every call."""
-    try:
-        name_mismatch(call.group, _fingerprint(call, tag), deadline)
-    except TimeoutError as error:
-        raise _reached(call, tag, error) from None
-    return False
-
-
-def name_mismatch(group, mine: tuple, deadline: Optional[float]) -> None:
-    """All-gather every rank's fingerprint ``mine`` (``(tag, numel, *cell)``) over the group's backend; raise
-    ``CollectiveMismatchError`` naming the first two ranks that differ.  Every rank of the group calls it."""
-    backend = group.communicator
-    row = torch.tensor(mine, dtype=torch.int64, device=group.device_type)
-    everyone = torch.empty(backend.size * row.numel(), dtype=row.dtype, device=row.device)
-    backend.NATIVE["all_gather"](backend, everyone, row, tag=0, deadline=deadline, segment_bytes=0)
-    rows = everyone.view(backend.size, -1).tolist()
-    for other in range(1, backend.size):
-        if rows[0] != rows[other]:
-            raise CollectiveMismatchError(
-                f"rank {group.my_global_rank}: mismatched collectives on {group.describe()}: rank {group.ranks[0]} "
-                f"called {describe(rows[0])}, but rank {group.ranks[other]} called {describe(rows[other])}")
+def checker_for(group, algorithm: str, config) -> Optional[Checker]:
+    """``group.check.checker_for(algorithm, config)``: the checker a plan row of ``group`` runs."""
+    return group.check.checker_for(algorithm, config)

@@ -10,7 +10,7 @@ thread, holding that lock (no thread hop).  An asynchronous call of a native col
 the backend runs asynchronously by itself (``Backend.ISSUE``: gloo's and NCCL's) is issued to the
 backend directly under the same condition, and its ``IssuedWork`` waits on the backend's own
 request: the backend keeps the order of what it was given.  So does an asynchronous all_reduce
-small enough to ride in its mismatch check's round (``check.in_segment``): done at issue.  Anything else -- a schedule written in Python, or any call while something is queued or
+small enough to ride in its mismatch check's round (``MismatchCheck.in_segment``): done at issue.  Anything else -- a schedule written in Python, or any call while something is queued or
 running -- goes to the group's executor thread, through a bounded queue (a caller that gets too
 far ahead waits, within its deadline), so that no call overtakes one issued before it.
 Point-to-point calls by the user do not go through here: they carry the user's tag, below
@@ -42,8 +42,6 @@ _getframe = sys._getframe
 #: of them needs no walk (compared by identity: a code object's hash reads its whole bytecode).
 _CALLER = flight.HOT
 _FLIGHT_MASK = flight.MASK
-#: The checker whose check an "shm" call's own first sync runs, settled after the call if it never synced.
-_ARMS_FIRST_SYNC = check.in_first_sync
 
 #: The deadline of a group created without one (``CommConfig.timeout_s``'s default; see docs/failures.md).
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=CommConfig().timeout_s)
@@ -89,6 +87,10 @@ class Group:
         self.handle = None
         #: The plans of this group's cells (``plan.py``), by cell; emptied by :meth:`forget_plans`.
         self.plans: Dict[tuple, object] = {}
+        #: The group's mismatch check (``check.py``): its plans' checkers are its methods.
+        self.check = check.MismatchCheck(self)
+        #: The checker whose check an "shm" call's own first sync runs, settled after the call if it never synced.
+        self._arms_first_sync = self.check.in_first_sync
         #: The configuration's segment size, read once per configuration (``World.config``).
         self.segment_bytes = WORLD.config.segment_bytes
         #: The backend's native function -> its asynchronous form (``Backend.ISSUE``): an ``async_op`` call whose
@@ -189,34 +191,15 @@ class Group:
                 return None
             # A native call its backend runs asynchronously by itself is issued to it directly, here, when
             # nothing is queued or running (so it overtakes no call of this group): no executor thread.  So
-            # is an all_reduce that rides in its check's round: done at issue.  Checked and posted here, under
-            # the lock; errors, typed as ``execute`` types them, come out of the Work's wait, as from the
-            # executor.  (Inline, not a method: this is every issued call's path, one frame fewer.)
+            # is an all_reduce that rides in its check's round: done at issue.  Checked and posted by
+            # ``execute``, under the lock; its errors come out of the Work's wait, as from the executor.
             if call.async_op and self._pending == 0 and not observers \
                     and (call.ride is not None or (call.issue is not None and call.options is None)):
-                issue = call.issue if call.ride is None else None
-                seconds = self._timeout_s if call.timeout is None else call.timeout
-                start = time.monotonic()
-                deadline = start + seconds
-                self._flight_started = tag
                 try:
-                    try:
-                        checker = call.checker
-                        if checker is not None and checker(call, tag, deadline):  # the all_reduce rode in the check
-                            self._flight_done = tag
-                            return IssuedWork(call, self, None, None, start, seconds)
-                        if issue is None:  # a riding call whose check did not carry it after all: it runs now
-                            call.function(self.communicator, *call.args, tag=tag, deadline=deadline,
-                                          segment_bytes=self.segment_bytes)
-                            self._flight_done = tag
-                            return IssuedWork(call, self, None, None, start, seconds)
-                        request, after = issue(self.communicator, *call.args, tag=tag, deadline=deadline,
-                                               segment_bytes=self.segment_bytes)
-                    except (TimeoutError, PeerFailure, shm.CallMismatch) as error:
-                        raise self._typed(call, error, deadline, seconds, start, tag) from None
+                    posted = self.execute(call, tag, issue=call.issue if call.ride is None else None)
                 except Exception as error:  # the caller sees it through Work.wait, as from the executor
                     return IssuedWork.failed(call, self, error)
-                return IssuedWork(call, self, request, after, start, seconds)
+                return IssuedWork(call, self, None, None, 0.0, 0.0) if posted is None else IssuedWork(call, self, *posted)
             future = self._enqueue(call, tag, self._worker_ident == get_ident(), observers, issued_s)
         work = Work(f"{call.collective} on {self.describe()}", future, call.outputs, self)
         if call.async_op:
@@ -264,12 +247,16 @@ class Group:
         self._changed.notify_all()
         return future
 
-    def execute(self, call, tag: int, observers: tuple = (), issued_s: float = 0.0) -> None:
-        """Run one checked call now: its waits end by its deadline; failures become typed errors."""
+    def execute(self, call, tag: int, observers: tuple = (), issued_s: float = 0.0, issue=None) -> Optional[tuple]:
+        """Run one checked call now: its waits end by its deadline; failures become typed errors.  Every way a call
+        runs comes here: inline, on the executor, and issued.  With ``issue`` (the backend's asynchronous form of
+        the call's function, ``Backend.ISSUE``) the checked call is posted instead of run: the result is then
+        ``(request, after, start, seconds)`` for its ``IssuedWork``, or ``None`` when it was done at issue."""
         seconds = self._timeout_s if call.timeout is None else call.timeout
         start = _monotonic()
         deadline = start + seconds
         self._flight_started = tag
+        posted = None
         try:
             # The mismatch check wraps the call (check.py): a round of its own before the call, or, for an "shm"
             # call, armed here and compared in the call's first sync (settled below if the call never synced).
@@ -283,47 +270,42 @@ class Group:
                 from .traffic import run_observed
                 run_observed(observers, call, tag, deadline, self.segment_bytes, issued_s)
             elif call.options is None:  # the common case, without a further Python call
-                call.function(self.communicator, *call.args, tag=tag, deadline=deadline,
-                              segment_bytes=self.segment_bytes)
+                if issue is None:
+                    call.function(self.communicator, *call.args, tag=tag, deadline=deadline,
+                                  segment_bytes=self.segment_bytes)
+                else:
+                    posted = issue(self.communicator, *call.args, tag=tag, deadline=deadline,
+                                   segment_bytes=self.segment_bytes)
             else:
                 self._call(call, tag, deadline, self.segment_bytes)
-            if checker is _ARMS_FIRST_SYNC:
-                check.settle(call, deadline)
+            if checker is self._arms_first_sync:
+                self.check.settle(call, deadline)
         except (TimeoutError, PeerFailure, shm.CallMismatch) as error:
             raise self._typed(call, error, deadline, seconds, start, tag) from None
         except CollectiveMismatchError as error:  # named by the check's all-gather: the peers' calls beside it
             raise CollectiveMismatchError(f"{error}{flight.note(self, call.collective, wait_s=1.5)}") from None
+        if posted is not None:  # in flight: IssuedWork completes it
+            return (*posted, start, seconds)
         self._flight_done = tag
         if call.copy_out:
             for source, destination in call.copy_out:
                 destination.copy_(source.view(destination.shape))
+        return None
 
     def _typed(self, call, error: Exception, deadline: float, seconds: float, start: float,
                tag: Optional[int] = None) -> CommError:
-        """The typed error of ``call`` (its ``tag``), which failed with ``error`` (both ways a call runs: inline or on
-        the executor, and issued): ``TimeoutError`` -> ``CommTimeoutError``, ``PeerFailure`` -> ``PeerError``, a failed
-        "shm" check (``CallMismatch``) -> ``CollectiveMismatchError`` naming the ranks that differ."""
+        """The typed error of ``call`` (its ``tag``), which failed with ``error``: ``TimeoutError`` ->
+        ``CommTimeoutError``, ``PeerFailure`` -> ``PeerError``, a failed segment check (``CallMismatch``) ->
+        ``CollectiveMismatchError`` naming the ranks that differ (``MismatchCheck.mismatch_error``)."""
+        try:
+            if isinstance(error, shm.CallMismatch):
+                error = self.check.mismatch_error(call.collective, error, deadline)
+                return CollectiveMismatchError(f"{error}{flight.note(self, call.collective, wait_s=1.5)}")
+        except (TimeoutError, PeerFailure) as failure:  # the all-gather naming them: a peer had left
+            error = failure
         if isinstance(error, TimeoutError):
             return self._timed_out(call.collective, seconds, error, start, tag)
-        if isinstance(error, PeerFailure):
-            return self._peer_failed(call.collective, error, tag)
-        return self._mismatched(call.collective, error.fingerprint, deadline, seconds, start, tag)
-
-    def _mismatched(self, collective: str, fingerprint: tuple, deadline: float, seconds: float,
-                    start: float, tag: Optional[int] = None) -> CommError:
-        """An "shm" call's check failed in its first sync, on every rank at once: every rank all-gathers the
-        fingerprints over the backend; the ``CollectiveMismatchError`` naming the ranks that differ (or the
-        ``CommTimeoutError``/``PeerError`` of that all-gather: a peer that called something else had left)."""
-        try:
-            check.name_mismatch(self, fingerprint, deadline)
-        except TimeoutError as error:
-            return self._timed_out(collective, seconds, error, start, tag)
-        except PeerFailure as error:
-            return self._peer_failed(collective, error, tag)
-        except CollectiveMismatchError as error:
-            return CollectiveMismatchError(f"{error}{flight.note(self, collective, wait_s=1.5)}")
-        return CollectiveMismatchError(f"rank {self.my_global_rank}: {collective} on {self.describe()}: the ranks' "
-                                       f"call digests differed")
+        return self._peer_failed(call.collective, error, tag)
 
     def _timed_out(self, collective: str, seconds: float, error: TimeoutError, start: float,
                    tag: Optional[int] = None) -> CommError:

@@ -39,8 +39,6 @@ _profiling = torch.autograd._profiler_enabled
 _profilers = torch.autograd.profiler
 _new = tuple.__new__
 _RIDE_BYTES = check.RIDE_BYTES
-#: The checker of a call that rides (an "shm" row's small all_reduce too: its one round is the check's).
-_RIDES_IN = check.in_segment
 
 
 class Call(NamedTuple):
@@ -76,7 +74,8 @@ class Call(NamedTuple):
     check: tuple = (0, ())
     """``(hash of the cell, cell)``: what the checker compares besides the tag and ``numel``."""
     ride: Optional[tuple] = None
-    """``(C kind, C op)`` when the call's all_reduce rides in its check's segment round (``check.in_segment``)."""
+    """``(C kind, C op, the group's segment checker)`` when the call's all_reduce rides in its check's segment round
+    (``MismatchCheck.in_segment``)."""
     issue: Optional[Callable[..., tuple]] = None
     """The backend's asynchronous form of ``function`` (``Backend.ISSUE``), or ``None``: an ``async_op`` call
     issued while nothing of its group is queued is posted with it directly (``Group.run``)."""
@@ -91,8 +90,9 @@ class Row(NamedTuple):
     checker: Optional[Callable[..., bool]]
     check: tuple
     ride: Optional[tuple]
-    """``(C kind, C op)`` if a call of at most ``check.RIDE_BYTES`` rides in the check's segment round (such a
-    call is checked by ``check.in_segment``, whatever the row's checker)."""
+    """``(C kind, C op, checker)`` if a call of at most ``check.RIDE_BYTES`` rides in the check's segment round (such a
+    call is checked by ``checker``, the group's ``MismatchCheck.in_segment``, whatever the row's checker: an "shm"
+    row's small all_reduce too, whose one round is the check's)."""
     issue: Optional[Callable[..., tuple]] = None
     """``Backend.ISSUE``'s form of ``function`` (a native collective the backend runs asynchronously by itself)."""
 
@@ -139,7 +139,7 @@ class Plan:
             ride = None
         call = _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
                            self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype,
-                           row[3] if ride is None else _RIDES_IN, row[4], ride, row[6]))
+                           row[3] if ride is None else ride[2], row[4], ride, row[6]))
         if _profilers._is_profiler_enabled and _profiling():
             return torch_events.run(call, self.profile_name, outputs if inputs is None else inputs)
         return self.group.run(call)
@@ -156,7 +156,7 @@ class Plan:
             ride = None
         return _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
                            self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype,
-                           row[3] if ride is None else _RIDES_IN, row[4], ride, row[6]))
+                           row[3] if ride is None else ride[2], row[4], ride, row[6]))
 
 
 def plan_for(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
@@ -223,10 +223,10 @@ def _rows(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], 
         cell = check.fingerprint_cell(collective, op, dtype, root, algorithm)
         checker = check.checker_for(group, algorithm, config)
         ride = None
-        if (checker is check.in_segment or checker is check.in_first_sync) and collective == "all_reduce" \
+        if group.check.rides_in_segment(checker) and collective == "all_reduce" \
                 and group.on_cpu and dtype in FAST_KINDS and op in FAST_OPS \
                 and (algorithm in _SAME_BITS or (group.size() == 2 and algorithm in _SAME_BITS_AT_TWO)):
-            ride = (FAST_KINDS[dtype], FAST_OPS[op])
+            ride = (FAST_KINDS[dtype], FAST_OPS[op], group.check.in_segment)
         rows.append(Row(most_bytes, algorithm, function, checker, (hash(cell), cell), ride,
                         group.issuers.get(function)))
     if select.log.isEnabledFor(10):  # once per cell: its plan

@@ -309,29 +309,9 @@ class CallMismatch(Exception):
         self.fingerprint = fingerprint
 
 
-_M64 = (1 << 64) - 1
-#: A digest is kept to 62 bits, so that it and its negation fit an int64 (MPI's check reduces both).
-DIGEST_MASK = (1 << 62) - 1
-
-
-def _mix64(x: int) -> int:
-    x ^= x >> 30
-    x = x * 0xBF58476D1CE4E5B9 & _M64
-    x ^= x >> 27
-    x = x * 0x94D049BB133111EB & _M64
-    return x ^ (x >> 31)
-
-
-def digest_twin(tag: int, numel: int, cell_code: int) -> int:
-    """The mismatch check's hash of one call (``check.py``): its tag (the group's sequence number), its element
-    count and its cell code, mixed by splitmix64's finalizer modulo 2**64 and kept to 62 bits.  ``_shmfast``'s
-    ``digest`` (and ``Rounds.check``) give the same bits in C."""
-    x = (tag * 0x9E3779B97F4A7C15 + _mix64((numel + 0x632BE59BD9B4E019) & _M64)) & _M64 ^ (cell_code & _M64)
-    return _mix64(x) & DIGEST_MASK
-
-
-#: ``digest(tag, numel, cell_code)``: in C where built, else its Python twin.
-digest = _shmfast.digest if _shmfast is not None else digest_twin
+#: The mismatch check's digest of one call in C (``check.digest``, whose Python twin is ``check.digest_twin``), or
+#: ``None`` where ``_shmfast`` is not built: it sits beside the segment round that hashes and compares it.
+digest_in_c = _shmfast.digest if _shmfast is not None else None
 
 
 class _Rounds:
@@ -562,15 +542,15 @@ class Arena:
         if answer:
             self._settle_round(answer, args, step, deadline, what, expected)
 
-    def checked_round(self, call: tuple, fingerprint: tuple, address: int, numel: int, kind: int, op: int,
+    def checked_round(self, call: tuple, code: int, fingerprint: tuple, address: int, numel: int, kind: int, op: int,
                       deadline: Optional[float]) -> None:
-        """The mismatch check as one round of its own: compare the digest of ``call`` (``(tag, numel, cell
-        code)``, :func:`digest`) with every peer's (raising :class:`CallMismatch` carrying ``fingerprint`` on every
+        """The mismatch check as one round of its own: compare the digest ``code`` of ``call`` (``(tag, numel, cell
+        code)``, ``check.digest``; in C, hashed here from ``call``) with every peer's (raising :class:`CallMismatch` carrying ``fingerprint`` on every
         rank if any differs), and reduce, in the same round, the ``numel`` elements of C ``kind`` at ``address``
         by C ``op`` (``numel`` 0: nothing rides; a payload needs ``FAST_ROUNDS``).  ``reduce_small_c``'s steps
         with the check armed, in one call."""
         if _shmfast is None:
-            self.armed = (digest_twin(*call), fingerprint)
+            self.armed = (code, fingerprint)
             self.sync(deadline, "the mismatch check")
             return
         answer = self.rounds.check(*call, address, numel, kind, op)

@@ -73,6 +73,10 @@ class Request(abc.ABC):
     backend's own watchdog, not by ``timeout_s`` (NCCL): an issued call's ``Work`` then waits on it directly,
     with no deadline arithmetic of its own."""
 
+    #: A stream-ordered request's torch ``Work`` (an object whose C ``wait()`` is that wait), where it has one: an
+    #: issued call's ``Work`` waits on it with no Python frame between (``None``: call :meth:`wait`).
+    stream_work = None
+
     @abc.abstractmethod
     def test(self) -> bool:
         """True once the operation has completed (drives progress where the backend needs it)."""
@@ -160,9 +164,6 @@ class Transport(abc.ABC):
         return None
 
 
-#: What ``Backend.agree`` found: the ranks disagree; they agree; they agree and the all_reduce it was given is done.
-DISAGREE, AGREE, AGREE_AND_REDUCED = 0, 1, 2
-
 #: A native collective: ``f(backend, *buffers, tag, deadline, segment_bytes) -> None``.
 NativeCollective = Callable[..., None]
 #: A native collective posted without waiting: ``f(backend, *buffers, tag, deadline, segment_bytes) -> (request, after)``.
@@ -218,24 +219,19 @@ class Backend(Transport):
         """``irecv`` for the user's send/recv; see :meth:`user_isend`."""
         return self.irecv(tensor, peer, tag)
 
-    def agree(self, digest: int, deadline: Optional[float], tensor: Optional[torch.Tensor] = None,
-              op: Optional[str] = None, *, tag: int = 0, algorithm: str = "native") -> int:
-        """Whether every rank of the communicator passed the same ``digest`` (an int in ``[0, 2**62)``):
-        ``DISAGREE`` (0), ``AGREE``, or ``AGREE_AND_REDUCED``.
+    #: Whether a small all_reduce's payload may ride in the check's stage (``reduce_stage``): the backend's tensors
+    #: live in host memory, beside the stage (gloo, MPI); not where they would cross to a device and back (NCCL).
+    STAGE_RIDES: ClassVar[bool] = False
 
-        The mismatch check's round trip for groups spanning hosts (``check.through_backend``): every rank
-        calls it, in the collectives' order, before the collective it checks moves a byte.  It must cost
-        about one small native all_reduce and allocate nothing per call (a backend keeps its own buffer; a
-        check that timed out leaves that buffer to the request still posted, and the group is unusable
-        after).  ``tensor`` and ``op`` are given when the checked call is an all_reduce by ``algorithm``,
-        ``tag`` is the call's: a backend may reduce a small ``tensor`` in the check's own messages, by an
-        algorithm it can run there, and answer ``AGREE_AND_REDUCED`` (the caller then skips the
-        all_reduce).  Whether it does must depend only on what the digest covers (algorithm, dtype, op,
-        element count), so that ranks making the same call do the same thing on the wire, and ranks whose
-        checks travel differently must still all see the disagreement; when the ranks disagree, ``tensor``
-        is left unchanged.  Raises ``TimeoutError`` or :class:`PeerFailure` like a native collective.
-        """
-        raise NotImplementedError(f"{self.name} has no mismatch check")
+    def reduce_stage(self, stage: torch.Tensor, *, deadline: Optional[float]) -> None:
+        """SUM all_reduce, in place, of the mismatch check's ``stage`` (a contiguous float64 tensor in host memory
+        of ``check.STAGE`` elements, the same size on every rank and every call): the one primitive the check
+        asks of a backend (``check.MismatchCheck``; the stage's format is the check's).  Every rank calls it, in
+        the collectives' order, before the collective it checks moves a byte.  It must cost about one small
+        native all_reduce and allocate nothing per call after the first; a stage that timed out is left to the
+        request still posted (the group is unusable after).  Raises ``TimeoutError`` or :class:`PeerFailure`
+        like a native collective."""
+        raise NotImplementedError(f"{self.name} cannot reduce the mismatch check's stage")
 
     @classmethod
     def native_traffic_as(cls, collective: str) -> str:

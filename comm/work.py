@@ -134,8 +134,11 @@ class IssuedWork(Work):
         self._error: Optional[BaseException] = None
         self._future: Optional[concurrent.futures.Future] = None  # made by _watch, for callbacks
         self._torch_future: Optional[torch.futures.Future] = None
-        #: A stream-ordered request (NCCL) with nothing to run after it: ``wait`` is the request's own wait.
-        self._direct = request is not None and request.STREAM_ORDERED and after is None and not call.copy_out
+        #: A stream-ordered request (NCCL) with nothing to run after it: ``wait`` is the request's own wait (its
+        #: torch ``Work``'s, where it has one: no frame of ours between), else ``None``.
+        self._direct = None
+        if request is not None and request.STREAM_ORDERED and after is None and not call.copy_out:
+            self._direct = request if request.stream_work is None else request.stream_work
         if request is None and (after is not None or call.copy_out):
             self._finish()
 
@@ -201,11 +204,11 @@ class IssuedWork(Work):
 
     def wait(self, timeout=None) -> bool:
         """Block until done; raise the operation's error, or ``CommTimeoutError`` after ``timeout``."""
-        if self._direct and timeout is None and self._future is None:
+        if self._direct is not None and timeout is None and self._future is None:
             # The request's wait orders the caller's stream after the collective, done or not, and no clock of
             # ours bounds it (Request.STREAM_ORDERED): nothing is left to settle.  (With a future callback the
             # group's executor settles it, below.)
-            self._request.wait()
+            self._direct.wait()
             self._done = True
             return True
         seconds = None if timeout is None else timeout_seconds(timeout, "Work.wait: timeout")  # refused even if done

@@ -6,9 +6,8 @@
  * (void *)-1 and MPI_STATUS_IGNORE is (MPI_Status *)1: so no mpi.h is needed to build it.  mpi.py
  * binds it only to an MPICH library whose handles are ints.
  *
- * bind(path, byte_handle, status_source) finds MPI_Iallreduce, MPI_Test, ... in the MPICH library at path (loaded
- * already), makes the mismatch check's type and op once, and returns the stage size in bytes;
- * status_source is where an MPI_Status holds MPI_SOURCE (mpi4py measures it).
+ * bind(path, byte_handle) finds MPI_Iallreduce, MPI_Test, ... in the MPICH library at path (loaded already)
+ * and keeps MPI_BYTE's handle for exchange().
  *
  * allreduce(comm, address, count, datatype, op, deadline) runs MPI_Iallreduce(MPI_IN_PLACE, address,
  * ...) and waits as mpi.py's _wait does: MPI_Test for SPIN_S, then MPI_Test with sched_yield in between
@@ -28,41 +27,49 @@
  * collective(kind, ...) posts MPI_Iallgather, MPI_Ireduce_scatter_block or MPI_Ibcast and waits as allreduce
  * does (see the function).
  *
- * checked(...) and checks(): the mismatch check, in _mpicheck.c.
+ * The mismatch check needs nothing of its own here: its stage is a SUM all_reduce of float64s (comm/check.py),
+ * which allreduce() runs like any other.
  */
-#include "_mpifast.h"
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 
 #include <dlfcn.h>
+#include <stdint.h>
 #include <string.h>
 #include <sched.h>
 #include <time.h>
+
+/* MPICH's ABI: handles are ints (see above). */
+typedef int (*iallreduce_fn)(const void *, void *, int, int, int, int, int *);
+typedef int (*test_fn)(int *, int *, void *);
+typedef int (*isend_fn)(const void *, int, int, int, int, int, int *);
+typedef int (*irecv_fn)(void *, int, int, int, int, int, int *);
+
+#define MPI_IN_PLACE_ ((const void *)-1)
+#define MPI_STATUS_IGNORE_ ((void *)1)
+#define MPI_REQUEST_NULL_ 0x2c000000
+/* A request handle as mpi4py writes MPICH's handles (see allreduce), for MPI.Request.fromhandle. */
+#define HANDLE(request) ((unsigned long long)(long long)(request))
 
 #define SPIN_S 20e-6
 #define YIELD_PHASE_S 2e-3
 #define FIRST_SLEEP_S 50e-6
 #define MAX_SLEEP_S 10e-3
 
-typedef void (*user_fn)(void *, void *, int *, int *);
-typedef int (*op_create_fn)(user_fn, int, int *);
-typedef int (*type_contiguous_fn)(int, int, int *);
-typedef int (*type_commit_fn)(int *);
-
 typedef int (*iallgather_fn)(const void *, int, int, void *, int, int, int, int *);
 typedef int (*ireduce_scatter_block_fn)(const void *, void *, int, int, int, int, int *);
 typedef int (*ibcast_fn)(void *, int, int, int, int, int *);
 
-iallreduce_fn mpi_iallreduce = NULL;
+static iallreduce_fn mpi_iallreduce = NULL;
 static iallgather_fn mpi_iallgather = NULL;
 static ireduce_scatter_block_fn mpi_ireduce_scatter_block = NULL;
 static ibcast_fn mpi_ibcast = NULL;
-test_fn mpi_test = NULL;
-isend_fn mpi_isend = NULL;
-irecv_fn mpi_irecv = NULL;
-iprobe_fn mpi_iprobe = NULL;
-recv_fn mpi_recv = NULL;
-int byte_type = 0, stage_type = 0, stage_op = 0, status_source = 2;
+static test_fn mpi_test = NULL;
+static isend_fn mpi_isend = NULL;
+static irecv_fn mpi_irecv = NULL;
+static int byte_type = 0;  /* MPI_BYTE's handle, given to bind() */
 
-double now(void) {
+static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
@@ -71,13 +78,8 @@ double now(void) {
 static PyObject *bind(PyObject *self, PyObject *args) {
     const char *path;
     unsigned long long byte_handle;
-    int source_index;
-    if (!PyArg_ParseTuple(args, "sKi", &path, &byte_handle, &source_index))
+    if (!PyArg_ParseTuple(args, "sK", &path, &byte_handle))
         return NULL;
-    if (source_index < 0 || source_index >= STATUS_INTS) {
-        PyErr_Format(PyExc_ValueError, "bind: MPI_SOURCE at int %d of an MPI_Status does not fit", source_index);
-        return NULL;
-    }
     void *library = dlopen(path, RTLD_NOW | RTLD_NOLOAD);  /* the copy already loaded, never a second one */
     if (library == NULL) {
         PyErr_Format(PyExc_OSError, "%s is not loaded: %s", path, dlerror());
@@ -87,29 +89,9 @@ static PyObject *bind(PyObject *self, PyObject *args) {
     test_fn test = (test_fn)dlsym(library, "MPI_Test");
     isend_fn isend = (isend_fn)dlsym(library, "MPI_Isend");
     irecv_fn irecv = (irecv_fn)dlsym(library, "MPI_Irecv");
-    iprobe_fn iprobe = (iprobe_fn)dlsym(library, "MPI_Iprobe");
-    recv_fn recv = (recv_fn)dlsym(library, "MPI_Recv");
-    if (iallreduce == NULL || test == NULL || isend == NULL || irecv == NULL || iprobe == NULL || recv == NULL) {
-        PyErr_Format(PyExc_OSError, "%s has no MPI_Iallreduce, MPI_Test, MPI_Isend, MPI_Irecv, MPI_Iprobe or MPI_Recv",
-                     path);
+    if (iallreduce == NULL || test == NULL || isend == NULL || irecv == NULL) {
+        PyErr_Format(PyExc_OSError, "%s has no MPI_Iallreduce, MPI_Test, MPI_Isend or MPI_Irecv", path);
         return NULL;
-    }
-    op_create_fn op_create = (op_create_fn)dlsym(library, "MPI_Op_create");
-    type_contiguous_fn contiguous = (type_contiguous_fn)dlsym(library, "MPI_Type_contiguous");
-    type_commit_fn commit = (type_commit_fn)dlsym(library, "MPI_Type_commit");
-    if (op_create == NULL || contiguous == NULL || commit == NULL) {
-        PyErr_Format(PyExc_OSError, "%s has no MPI_Op_create, MPI_Type_contiguous or MPI_Type_commit", path);
-        return NULL;
-    }
-    if (stage_type == 0) {
-        int type = 0, op = 0;
-        if (contiguous(STAGE_BYTES, (int)(unsigned int)byte_handle, &type) != 0 || commit(&type) != 0 ||
-            op_create(combine, 1, &op) != 0) {
-            PyErr_SetString(PyExc_OSError, "could not create the mismatch check's MPI type and op");
-            return NULL;
-        }
-        stage_type = type;
-        stage_op = op;
     }
     mpi_iallreduce = iallreduce;
     mpi_iallgather = (iallgather_fn)dlsym(library, "MPI_Iallgather");  /* NULL: collective() says so */
@@ -118,16 +100,12 @@ static PyObject *bind(PyObject *self, PyObject *args) {
     mpi_test = test;
     mpi_isend = isend;
     mpi_irecv = irecv;
-    mpi_iprobe = iprobe;
-    mpi_recv = recv;
-    status_source = source_index;
     byte_type = (int)(unsigned int)byte_handle;
-    return PyLong_FromLong(STAGE_BYTES);
+    Py_RETURN_NONE;
 }
 
-/* 0: done; 1: deadline; 2: MPI error (*error set); 3: a signal handler raised (Python error set).
- * `answering` (or NULL) is answered between tests once the spin is over (see _mpicheck.c). */
-int wait_request(int *request, double deadline, int *error, answering_t *answering) {
+/* 0: done; 1: deadline; 2: MPI error (*error set); 3: a signal handler raised (Python error set). */
+static int wait_request(int *request, double deadline, int *error) {
     int done = 0;
     double start = now(), t = start;
     while (t - start < SPIN_S) {
@@ -144,8 +122,6 @@ int wait_request(int *request, double deadline, int *error, answering_t *answeri
             outcome = 1;
             break;
         }
-        if (answering != NULL)
-            answer_peers(answering);
         double waited = t - start;
         if (waited < YIELD_PHASE_S) {
             sched_yield();  /* hands the core to any runnable rank; returns at once on an idle core */
@@ -176,7 +152,7 @@ int wait_request(int *request, double deadline, int *error, answering_t *answeri
 
 /* The failure tuple of a wait's `outcome` (1, 2 or 3; see the module comment) with `requests` (a new
  * reference, stolen): (1, requests), (2, requests, error) or (3, requests, exception).  NULL if building it raised. */
-PyObject *failed(int outcome, PyObject *requests, int error) {
+static PyObject *failed(int outcome, PyObject *requests, int error) {
     if (requests == NULL)
         return NULL;
     PyObject *result;
@@ -200,24 +176,23 @@ PyObject *failed(int outcome, PyObject *requests, int error) {
 
 /* Post MPI_Iallreduce(MPI_IN_PLACE, address, ...) and wait.  Returns 1 when done; 0 with *failure set to
  * the failure's new tuple (see the module comment), or to NULL when building it raised. */
-int run(void *address, int count, int datatype, int op, int comm, double deadline, answering_t *answering,
-        PyObject **failure) {
+static int run(void *address, int count, int datatype, int op, int comm, double deadline, PyObject **failure) {
     int request = MPI_REQUEST_NULL_, done = 0, error, outcome;
     if ((error = mpi_iallreduce(MPI_IN_PLACE_, address, count, datatype, op, comm, &request)) != 0 ||
         (error = mpi_test(&request, &done, MPI_STATUS_IGNORE_)) != 0) {
         *failure = failed(2, PyLong_FromUnsignedLongLong(HANDLE(request)), error);
         return 0;
     }
-    if (done || (outcome = wait_request(&request, deadline, &error, answering)) == 0)
+    if (done || (outcome = wait_request(&request, deadline, &error)) == 0)
         return 1;
     *failure = failed(outcome, PyLong_FromUnsignedLongLong(HANDLE(request)), error);
     return 0;
 }
 
 /* mpi4py gives MPICH's int handles sign-extended to 64 bits, as unsigned: the low 32 bits are the handle. */
-int handle(PyObject *value) { return (int)(unsigned int)PyLong_AsUnsignedLongLongMask(value); }
+static int handle(PyObject *value) { return (int)(unsigned int)PyLong_AsUnsignedLongLongMask(value); }
 
-int bound(void) {
+static int bound(void) {
     if (mpi_iallreduce != NULL)
         return 1;
     PyErr_SetString(PyExc_RuntimeError, "_mpifast.bind() was not called");
@@ -238,7 +213,7 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (PyErr_Occurred())
         return NULL;
     PyObject *failure = NULL;
-    if (run(address, count, datatype, op, comm, deadline, NULL, &failure))
+    if (run(address, count, datatype, op, comm, deadline, &failure))
         return PyLong_FromLong(0);
     return failure;
 }
@@ -246,7 +221,7 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
 /* Send `send` to and/or receive `recv` from `peer` (either may be NULL), nbytes each as MPI_BYTE, and wait
  * for both: 1 when done, else 0 with *failure set to the failure's tuple with ((send, recv) requests), or to
  * NULL when building it raised. */
-int message(int comm, const void *send, void *recv, int nbytes, int peer, int tag, double deadline,
+static int message(int comm, const void *send, void *recv, int nbytes, int peer, int tag, double deadline,
             PyObject **failure) {
     int requests[2] = {MPI_REQUEST_NULL_, MPI_REQUEST_NULL_};  /* send, recv */
     int error = 0, outcome = 2;
@@ -260,7 +235,7 @@ int message(int comm, const void *send, void *recv, int nbytes, int peer, int ta
             if ((error = mpi_test(&requests[k], &done, MPI_STATUS_IGNORE_)) != 0)
                 outcome = 2;
             else if (!done)
-                outcome = wait_request(&requests[k], deadline, &error, NULL);
+                outcome = wait_request(&requests[k], deadline, &error);
         }
     }
     if (outcome == 0)
@@ -326,24 +301,20 @@ static PyObject *collective(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     if (error != 0 || (error = mpi_test(&request, &done, MPI_STATUS_IGNORE_)) != 0)
         return failed(2, PyLong_FromUnsignedLongLong(HANDLE(request)), error);
-    if (done || (outcome = wait_request(&request, deadline, &error, NULL)) == 0)
+    if (done || (outcome = wait_request(&request, deadline, &error)) == 0)
         return PyLong_FromLong(0);
     return failed(outcome, PyLong_FromUnsignedLongLong(HANDLE(request)), error);
 }
 
 static PyMethodDef methods[] = {
-    {"checks", checks, METH_NOARGS, "checks() -> how many mismatch checks ran in C in this process (for tests)"},
     {"bind", bind, METH_VARARGS,
-     "bind(path, MPI_BYTE handle, MPI_SOURCE index): take MPI's functions from the loaded MPICH library at path; the stage's size"},
+     "bind(path, MPI_BYTE handle): take MPI's functions from the loaded MPICH library at path"},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(comm, address, count, datatype, op, deadline) -> 0 or (kind, request[, detail]); see the module"},
     {"collective", (PyCFunction)(void (*)(void))collective, METH_FASTCALL,
      "collective(kind, comm, send, recv, count, datatype, op_or_root, deadline) -> 0 or a failure; see the function"},
     {"exchange", (PyCFunction)(void (*)(void))exchange, METH_FASTCALL,
      "exchange(comm, send, recv, nbytes, peer, tag, deadline) -> 0 or (kind, (send, recv)[, detail]); see the module"},
-    {"checked", (PyCFunction)(void (*)(void))checked, METH_FASTCALL,
-     "checked(comm, stage, data, nbytes, kind, op, count, digest, tag, schedule, rank, size, deadline) -> 0 agreed, "
-     "1 not, or a failure"},
     {NULL, NULL, 0, NULL},
 };
 

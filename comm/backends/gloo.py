@@ -24,7 +24,7 @@ from ...ops.reduce import finalize_
 from ..environment import gloo_socket_interfaces
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
-from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request, members_arrive
+from ..transport import Backend, PeerFailure, Request, members_arrive
 from .gloo_exits import PeerExit, release as release_exit, watch as watch_exit
 
 _C = torch._C._distributed_c10d
@@ -36,15 +36,6 @@ _TORCH_OPS = {
     "sum": td.ReduceOp.SUM, "product": td.ReduceOp.PRODUCT, "min": td.ReduceOp.MIN,
     "max": td.ReduceOp.MAX, "band": td.ReduceOp.BAND, "bor": td.ReduceOp.BOR, "bxor": td.ReduceOp.BXOR,
 }
-
-#: The mismatch check's stage (see the note in ``GlooBackend.agree``): float64 elements in all, of the header,
-#: and of a riding all_reduce's payload; the dtypes that ride; the group sizes whose header sums stay exact.
-#: Small on purpose: gloo's all_reduce of 32 float64s took 442 µs where 2 float32s took 234-284 µs (one run,
-#: 2 ranks, load 2.4-2.8), so the stage carries only the smallest calls (a scalar, a pair).
-_STAGE, _HEADER = 8, 6
-_PAYLOAD = _STAGE - _HEADER
-_RIDES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
-_EXACT_RANKS = 1 << 21
 
 #: What gloo itself does for each collective, and what zerocomm adds (see ``native_table``).
 NATIVE_TABLE = {
@@ -283,10 +274,6 @@ class GlooBackend(Backend):
             raise
         self._device_held = True
         self._exits: Optional[tuple] = None  # rank -> its process's PeerExit (see _exit_of), released with the backend
-        self._stage = torch.zeros(_STAGE, dtype=torch.float64)  # the mismatch check's stage (see ``agree``)
-        self._stage_words = self._stage.numpy()
-        self._stage_options = _C.AllreduceOptions()
-        self._stage_options.reduceOp = td.ReduceOp.SUM
         # Made once: building the options object costs 2 µs of a small all_reduce's Python (gloo copies
         # what it needs from it at each call, so one object per op serves every call and thread).
         self._all_reduce_options = {op: _C.AllreduceOptions() for op in _TORCH_OPS}
@@ -370,32 +357,12 @@ class GlooBackend(Backend):
     def native_traffic_as(cls, collective: str) -> str:
         return "all_reduce" if collective == "reduce_scatter" else collective  # see NATIVE_TABLE
 
-    def agree(self, digest: int, deadline: Optional[float], tensor=None, op=None, *, tag: int = 0,
-              algorithm: str = "native") -> int:
-        # [Note: gloo's check]  One SUM all_reduce of a stage of _STAGE float64s, the same size for every
-        # check (gloo aborts a rank when sizes differ): a header of three 16-bit pieces d of the digest, each
-        # as (d, d*d), then up to _PAYLOAD elements of a small SUM/AVG all_reduce's floats.  Sums of integers
-        # below 2**53 are exact, so a rank holding d sees sum(d) == n*d and sum(d*d) == n*d*d exactly when
-        # every rank holds d (Cauchy-Schwarz); the verdict is then the same on every rank.  The payload is
-        # summed in float64 and rounded once into the tensor, only when the ranks agree; at 2 ranks that is
-        # the float32 sum bit for bit.  Whether a call rides depends on its dtype, op and size alone.
-        words, n = self._stage_words, self.size
-        pieces = (digest & 0xFFFF, (digest >> 16) & 0xFFFF, (digest >> 32) & 0xFFFF)
-        words[:_HEADER] = (pieces[0], pieces[0] ** 2, pieces[1], pieces[1] ** 2, pieces[2], pieces[2] ** 2)
-        numel = tensor.numel() if tensor is not None and algorithm == "native" else 0
-        rides = 0 < numel <= _PAYLOAD and op in ("sum", "avg") and tensor.dtype in _RIDES and n < _EXACT_RANKS
-        if rides:
-            self._stage[_HEADER:_HEADER + numel].copy_(tensor)
-        _wait_until(self.pg.allreduce([self._stage], self._stage_options), "every rank to reach the mismatch check", deadline)
-        for k, piece in enumerate(pieces):
-            if words[2 * k] != n * piece or words[2 * k + 1] != n * piece * piece:
-                return DISAGREE
-        if not rides:
-            return AGREE
-        tensor.copy_(self._stage[_HEADER:_HEADER + numel])
-        if op == "avg":
-            finalize_(tensor, "avg", n)
-        return AGREE_AND_REDUCED
+    STAGE_RIDES = True
+
+    def reduce_stage(self, stage: torch.Tensor, *, deadline: Optional[float]) -> None:
+        # allreduce's own call, without its frames (the options are made once, below).
+        _wait_until(self.pg.allreduce([stage], self._all_reduce_options["sum"]), "every rank to reach the mismatch check",
+                    deadline)
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:

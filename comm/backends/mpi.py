@@ -46,7 +46,6 @@ through mpi4py.  Both paths leave a timed-out request in ``_orphans`` with its b
 """
 from __future__ import annotations
 
-import array
 import os
 import time
 from typing import Dict, List, NoReturn, Optional, Sequence
@@ -56,7 +55,7 @@ import torch
 from ...ops.reduce import finalize_, reduce_
 from ..shm import release as release_shared_memory
 from ..algorithms.hierarchical import release as release_sub_communicators
-from ..transport import AGREE, AGREE_AND_REDUCED, DISAGREE, Backend, PeerFailure, Request, members_arrive
+from ..transport import Backend, PeerFailure, Request, members_arrive
 from .mpi_start import _mpifast, bind_extension  # _mpifast: the optional C hot loop (see the note), or None
 
 #: The phases of a wait (see the note above).
@@ -99,21 +98,6 @@ def mpi_available() -> Optional[str]:
 
 #: Requests that outlived their communicator unfinished, with the tensors they point at (see the note).
 _ABANDONED: List[tuple] = []
-
-
-#: The element types and ops ``_mpifast.checked`` reduces in the check's own message (its KINDS and OPS).
-_C_KINDS = {torch.float32: 0, torch.float64: 1, torch.int32: 2, torch.int64: 3, torch.int8: 4, torch.uint8: 5,
-            torch.int16: 6}
-_C_OPS = {"sum": 0, "avg": 0, "product": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
-#: The most bytes of a tensor that ride in the check's message (``_mpifast``'s PAYLOAD_BYTES).
-_C_PAYLOAD_BYTES = 224
-#: ``_mpifast.checked``'s payload arguments for a check alone.
-_NO_PAYLOAD = (0, 0, -1, 0, 0)
-#: (dtype, op) -> (kind, op code, most elements, item size, divide after) of a tensor that may ride in the
-#: check's message: whether it rides depends on dtype, op and size alone, the same on every rank.
-_RIDES = {(dtype, op): (kind, code, _C_PAYLOAD_BYTES // dtype.itemsize, dtype.itemsize, op == "avg")
-          for dtype, kind in _C_KINDS.items() for op, code in _C_OPS.items()
-          if code < 4 or not dtype.is_floating_point}
 
 
 def _wait(request, what, deadline: Optional[float], status=None, orphans=None, keep=None) -> None:
@@ -252,7 +236,6 @@ class MpiBackend(Backend):
         #: check's MPI type differs; see the note on the C hot loop).  ``tag_origin``: see requests left behind.
         bound = comm.allgather((int(bind_extension(MPI)), int.from_bytes(os.urandom(4), "little") >> 5))
         self._fast, self.tag_origin = _mpifast.allreduce if min(flag for flag, _ in bound) else None, bound[0][1]
-        self._checked = _mpifast.checked if self._fast is not None else None
         #: ``_mpifast.collective`` (all_gather, reduce_scatter, broadcast posted and waited for in C), or None; with
         #: the MPI datatype handles that move each dtype's bytes, and the (datatype, op) handles that reduce it.
         self._collective = _mpifast.collective if self._fast is not None else None
@@ -266,16 +249,6 @@ class MpiBackend(Backend):
                     pass
         self._exchange = _mpifast.exchange if self._fast is not None else None
         self._handle, self._p2p_handle = comm.handle, self.p2p.handle
-        #: The mismatch check's buffer (see ``agree``), made once: [digest, -digest] through mpi4py, or
-        #: ``_mpifast``'s 256-byte stages (a header and a small tensor's bytes): one for MPI's all_reduce,
-        #: three for recursive doubling's messages.
-        self._agreement = array.array("q", bytes(3 * 256))
-        #: The algorithms whose small all_reduce rides in the check (``agree``), and how: 0 in MPI's all_reduce
-        #: of the stages, 1 in recursive doubling's messages (a two-rank tree is that same one exchange).
-        self._schedules = {"native": 0, "recursive_doubling": 1, **({"tree": 1} if self.size == 2 else {})}
-        self._agreement_address = self._agreement.buffer_info()[0]
-        self._agreement_spec = self._all_reduce_spec(torch.frombuffer(self._agreement, dtype=torch.int64, count=2),
-                                                     "max", None)
         #: (data_ptr, nbytes) -> byte buffer spec, for point to point.
         self._byte_specs: dict = {}
 
@@ -422,39 +395,13 @@ class MpiBackend(Backend):
     def native_table(cls) -> dict:
         return dict(NATIVE_TABLE)
 
-    # -- the mismatch check -------------------------------------------------------------
-    def agree(self, digest: int, deadline: Optional[float], tensor=None, op=None, *, tag: int = 0,
-              algorithm: str = "native") -> int:
-        # With _mpifast: one stage per rank, carried by MPI's all_reduce, or by recursive doubling's own
-        # messages for that algorithm (see _mpicheck.c), with a small tensor riding either way (every check
-        # through MPI has the same type signature, whatever each rank called).  Without: one MAX all_reduce
-        # of [digest, -digest]; the ranks agree when the largest digest is the smallest.  Timed out, the
-        # request keeps the buffer (the group is unusable after).
-        both = self._agreement
-        if self._fast is not None:
-            schedule = self._schedules.get(algorithm)
-            ride = None if tensor is None or schedule is None else _RIDES.get((tensor.dtype, op))
-            if ride is not None and (numel := tensor.numel()) <= ride[2]:
-                outcome = self._checked(self._handle, self._agreement_address, tensor.data_ptr(), numel * ride[3],
-                                        ride[0], ride[1], numel, digest, tag, schedule, self.rank, self.size, deadline)
-                if outcome == 0:
-                    if ride[4]:
-                        finalize_(tensor, "avg", self.size)
-                    return AGREE_AND_REDUCED
-            else:
-                outcome = self._checked(self._handle, self._agreement_address, *_NO_PAYLOAD, digest, tag, 0, self.rank,
-                                        self.size, deadline)
-                if outcome == 0:
-                    return AGREE
-            if outcome == 1:
-                return DISAGREE
-            # Recursive doubling's check receive stays posted after close (256 bytes): it holds the context
-            # until the late peer's stage lands (see the note on requests left behind).
-            self._fast_failed(outcome, "every rank to reach the mismatch check", both, cancel=False)
-        both[0] = digest
-        both[1] = -digest
-        self._run_all_reduce(self._agreement_spec, deadline, "every rank to reach the mismatch check", both)
-        return AGREE if both[0] == -both[1] else DISAGREE
+    # -- the mismatch check's round ------------------------------------------------------------
+    STAGE_RIDES = True
+
+    def reduce_stage(self, stage: torch.Tensor, *, deadline: Optional[float]) -> None:
+        # MPI's own all_reduce of the stage (in C where bound): every check has this same type signature,
+        # whatever each rank called, so ranks that disagree still make one valid MPI call.
+        self.all_reduce(stage, "sum", tag=0, deadline=deadline, segment_bytes=0)
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
@@ -482,13 +429,12 @@ class MpiBackend(Backend):
         if not request.Test():
             _wait(request, what, deadline, None, self._orphans, keep)
 
-    def _fast_failed(self, outcome: tuple, what, keep, peer: Optional[int] = None, cancel: bool = True) -> NoReturn:
+    def _fast_failed(self, outcome: tuple, what, keep, peer: Optional[int] = None) -> NoReturn:
         """Raise what an ``_mpifast`` call's ``outcome`` says, keeping its posted requests (see the notes):
-        one request, or a message's (send, receive).  ``cancel=False`` keeps a receive posted at ``close``
-        (recursive doubling's check: see ``agree``)."""
+        one request, or a message's (send, receive)."""
         handles = outcome[1] if isinstance(outcome[1], tuple) else (outcome[1],)
         for k, handle in enumerate(handles):
-            self._orphans.append((self.MPI.Request.fromhandle(handle), keep, k == 1 and cancel))
+            self._orphans.append((self.MPI.Request.fromhandle(handle), keep, k == 1))
         if outcome[0] == 1:
             raise TimeoutError(_describe(what))
         if outcome[0] == 2:

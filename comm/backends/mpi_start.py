@@ -6,7 +6,6 @@ communicator; nothing here is on a collective's path.
 """
 from __future__ import annotations
 
-import array
 import ctypes
 import os
 import sys
@@ -50,23 +49,10 @@ def _try_to_bind(MPI) -> bool:
             MPI.REQUEST_NULL.handle != 0x2c000000:
         return False  # another ABI (Open MPI's handles are pointers)
     try:
-        _mpifast.bind(path, MPI.BYTE.handle, _status_source_index(MPI))
-    except (OSError, ValueError):
+        _mpifast.bind(path, MPI.BYTE.handle)
+    except OSError:
         return False
     return True
-
-
-def _status_source_index(MPI) -> int:
-    """Which int of an ``MPI_Status`` holds ``MPI_SOURCE`` (``_mpifast`` reads it after a probe), found by
-    setting it through mpi4py and reading the struct's bytes."""
-    try:  # mpi4py's private helpers: where they are missing, -1 (bind() then refuses and mpi4py runs everything)
-        status = MPI.Status()
-        status.Set_source(12345)
-        status.Set_tag(-7)
-        words = array.array("i", ctypes.string_at(MPI._addressof(status), MPI._sizeof(MPI.Status)))
-    except (AttributeError, TypeError):
-        return -1
-    return words.index(12345) if 12345 in words else -1
 
 
 # -- init with a deadline, and abort on an uncaught exception (see docs/failures.md) ------------------------

@@ -18,6 +18,7 @@ another (``p2p_pg``), so the two streams of messages never cross.
 from __future__ import annotations
 
 import datetime
+import operator
 import os
 from typing import Optional, Sequence
 
@@ -26,7 +27,7 @@ import torch.distributed as td
 
 from ...ops.reduce import finalize_
 from ..environment import gloo_socket_interfaces
-from ..transport import AGREE, DISAGREE, Backend, Request
+from ..transport import Backend, Request
 from .gloo import make_devices
 
 NATIVE_TABLE = {
@@ -69,6 +70,7 @@ class NcclRequest(tuple, Request):
 
     __slots__ = ()
     STREAM_ORDERED = True
+    stream_work = property(operator.itemgetter(0))  # C all the way: reading it runs no Python frame
 
     def test(self) -> bool:
         return self[0].is_completed()
@@ -86,7 +88,7 @@ class NcclBackend(Backend):
         self.store, self.rank, self.size, self.timeout, self.device = store, rank, size, timeout, device
         self.pg = self._process_group(td.PrefixStore("coll/", store), rank, size, timeout)
         self.p2p_pg = self._process_group(td.PrefixStore("p2p/", store), rank, size, timeout)
-        self._agreement = torch.zeros(2, dtype=torch.int64, device=device)  # the mismatch check's buffer
+        self._stage: Optional[torch.Tensor] = None  # the mismatch check's stage on this GPU (made at the first check)
         self._ops = {"sum": td.ReduceOp.SUM, "avg": td.ReduceOp.AVG, "product": td.ReduceOp.PRODUCT,
                      "min": td.ReduceOp.MIN, "max": td.ReduceOp.MAX}
         # Options made once per op for the issued calls (torch copies what it needs from them at each call).
@@ -162,13 +164,14 @@ class NcclBackend(Backend):
     def _movable(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
 
-    def agree(self, digest: int, deadline, tensor=None, op=None, *, tag: int = 0, algorithm: str = "native") -> int:
-        # [digest, -digest] reduced with MAX on this rank's GPU: equal ranks when the largest is the smallest.
-        both = self._agreement
-        both[0], both[1] = digest, -digest
-        self.pg.allreduce([both], self._all_reduce_options["max"]).wait()  # all_reduce's own call, without its frame
-        highest, negated_lowest = both.tolist()
-        return AGREE if highest == -negated_lowest else DISAGREE
+    def reduce_stage(self, stage: torch.Tensor, *, deadline) -> None:
+        # The stage lives in host memory (check.py); it crosses to this rank's GPU and back, a SUM there.
+        device_stage = self._stage
+        if device_stage is None:
+            device_stage = self._stage = torch.empty(stage.shape, dtype=stage.dtype, device=self.device)
+        device_stage.copy_(stage, non_blocking=True)
+        self.pg.allreduce([device_stage], self._all_reduce_options["sum"]).wait()  # all_reduce's own call, no frame
+        stage.copy_(device_stage)
 
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:
         if not tensor.nbytes:
@@ -293,7 +296,8 @@ class NcclHostStandIn(NcclBackend):
 
     An NCCL group's ranks never meet in a host segment (they hold GPU memory), so this one declares that it has
     none (``Attached.no_segment``): its calls are then planned and checked as an NCCL group's are -- the check
-    through :meth:`Backend.agree`, no call riding in a segment round -- though its tensors are in host memory.
+    through :meth:`Backend.reduce_stage`, no call riding in a segment round or in the stage -- though its tensors
+    are in host memory.
     """
 
     device_type = "cpu"

@@ -87,8 +87,8 @@ sys.exit(run_forked(2, "nccl-standin", body))
 '''
 
 
-def test_nccl_standin_runs_the_nccl_backends_methods_checked_through_agree():
-    """The stand-in's calls run the NCCL backend's own functions, checked through ``Backend.agree`` (never a
+def test_nccl_standin_runs_the_nccl_backends_methods_checked_through_reduce_stage():
+    """The stand-in's calls run the NCCL backend's own functions, checked through ``Backend.reduce_stage`` (never a
     shared-memory round), an async call issued directly (no executor thread), and give the right sums."""
     done = subprocess.run([sys.executable, "-c", _STANDIN_PATH], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -97,7 +97,7 @@ def test_nccl_standin_runs_the_nccl_backends_methods_checked_through_agree():
     for r in ranks:
         # Each rank starts at rank + 1 (1 and 2); three SUMs over the two ranks give 3, 6, then 12.
         assert r["value"] == [12.0, 12.0], r
-        assert {"nccl.py:agree", "nccl.py:all_reduce", "check.py:through_backend"} <= set(r["checked"]), r
+        assert {"nccl.py:reduce_stage", "nccl.py:all_reduce", "check.py:through_backend"} <= set(r["checked"]), r
         assert not any(name.startswith(("check.py:in_", "shm.py:")) for name in r["checked"]), r
         assert "nccl.py:issue_all_reduce" in r["issued"] and "check.py:through_backend" not in r["issued"], r
         assert not r["thread"], r

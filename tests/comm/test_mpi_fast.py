@@ -2,7 +2,7 @@
 (``_mpifast``) and mpi4py.  Every case runs both ways in one job and must give the same results, the
 same ``CollectiveMismatchError`` and the same timeout; the C way is skipped, with the reason, where the
 extension was not built.  A call of a cell planned before runs the mismatch check too: a counter on
-``Backend.agree`` shows that it did.
+``Backend.reduce_stage`` (the check's one primitive) shows that it did.
 """
 import collections
 import contextlib
@@ -18,7 +18,8 @@ from support.worlds import worlds
 
 import zerocomm.comm as dist
 
-#: "c": the check (and a small all_reduce riding in it) in C, ``_mpicheck.c``; "mpi4py": everything through mpi4py.
+#: "c": the all_reduces (the check's stage among them) posted and waited for in C, ``_mpifast``; "mpi4py": everything
+#: through mpi4py.
 WAYS = ["c", "mpi4py"]
 NOT_BUILT = "the _mpifast extension was not built or not bound (no compiler, or an MPI other than MPICH)"
 
@@ -66,12 +67,6 @@ def _each_way(outs: list, ways: list):
                 yield rank, way, out[way]
 
 
-def _c_checks() -> int:
-    """Checks the C way has run (``_mpifast.checks()``), 0 where it is not built."""
-    from zerocomm.comm.backends import mpi
-    return mpi._mpifast.checks() if mpi._mpifast is not None else 0
-
-
 CASES = [(dtype, op) for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16)
          for op in ("sum", "max", "min", "product", "avg") if not (op == "avg" and not dtype.is_floating_point)]
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
@@ -104,14 +99,13 @@ def results_both_ways() -> dict:
                 out[way] = unavailable
                 continue
             checks = [0]
-            agree = backend.agree
+            reduce_stage = backend.reduce_stage
 
             def counted(*args, **kwargs):
                 checks[0] += 1
-                return agree(*args, **kwargs)
+                return reduce_stage(*args, **kwargs)
 
-            backend.agree = counted
-            in_c = _c_checks()
+            backend.reduce_stage = counted
             wrong = []
             try:
                 for dtype, op in CASES:
@@ -123,10 +117,8 @@ def results_both_ways() -> dict:
                             if not torch.allclose(tensor.double(), expected.double(), rtol=1e-2 if op == "avg" else 0):
                                 wrong.append((str(dtype), op, numel, tensor[:4].tolist(), expected[:4].tolist()))
             finally:
-                del backend.agree
-            # The C way's checks run in C (through agree); the others' through agree too.
-            ran = _c_checks() - in_c if way != "mpi4py" else checks[0]
-            out[way] = {"wrong": wrong, "checks": ran, "calls": 2 * 4 * len(CASES)}
+                del backend.reduce_stage
+            out[way] = {"wrong": wrong, "checks": checks[0], "calls": 2 * 4 * len(CASES)}
     return out
 
 
@@ -202,7 +194,7 @@ def late_peer_in_the_check(algorithm: str) -> dict:
     """Rank 0 times out in a 1 s group's mismatch check while rank 1 is late, each way, in the first call
     of the cell (the full checks) and in a later one (its plan from the cache): a typed error in time, the check's
     buffer kept with its posted requests, the group unusable after, the world fine.  ``algorithm``:
-    native (the check in MPI's collective) or recursive_doubling (in its own messages, in C)."""
+    native (whose small all_reduce rides in the check's stage) or recursive_doubling (checked first, then run)."""
     rank = dist.get_rank()
     out = {}
     for way in WAYS:
@@ -228,7 +220,7 @@ def late_peer_in_the_check(algorithm: str) -> dict:
             except dist.CommError as error:
                 seen["first"] = (type(error).__name__, "mismatch check" in str(error), time.monotonic() - start)
             if rank == 0:
-                seen["kept"] = any(keep is backend._agreement for _, keep, _ in backend._orphans)
+                seen["kept"] = any(keep is _group(group).check.stage for _, keep, _ in backend._orphans)
                 try:
                     dist.all_reduce(torch.ones(2), group=group)
                     seen["again"] = "done"
@@ -278,10 +270,10 @@ def test_the_check_digest_is_the_same_in_every_process():
 
 
 def test_the_check_digest_in_c_is_its_python_twin():
-    """``check.digest`` (``_shmfast.digest`` where built) and its Python twin ``shm.digest_twin`` give the same
+    """``check.digest`` (``_shmfast.digest`` where built) and its Python twin ``check.digest_twin`` give the same
     bits, on the edges of every argument's range (a per-rank count is -1; a cell code is any Python hash)."""
     from zerocomm.comm import check, shm
-    if shm._shmfast is None:
+    if shm.digest_in_c is None:
         pytest.skip("the C extension zerocomm.comm._shmfast is not built here: only the Python twin runs")
     import random
     rng = random.Random(5)
@@ -289,7 +281,7 @@ def test_the_check_digest_in_c_is_its_python_twin():
     cases = [(t, n, c) for t in (0, 1, 1048577, 2**40) for n in edges for c in edges]
     cases += [(rng.randrange(2**40), rng.randrange(-1, 2**40), rng.randrange(-(2**63), 2**63)) for _ in range(2000)]
     for case in cases:
-        assert check.digest(*case) == shm.digest_twin(*case), case
+        assert check.digest(*case) == check.digest_twin(*case), case
         assert 0 <= check.digest(*case) < 2**62, case
     assert len({check.digest(t, 4, 7) for t in range(10000)}) == 10000  # consecutive calls never collide here
 
@@ -308,11 +300,9 @@ EXCHANGE_WAYS = ["c", "mpi4py"]
 
 def _exchanges_per_call(n: int, rank: int, algorithm: str, numel: int, dtype, op: str) -> int:
     """Whole-buffer exchanges ``Backend.exchange`` makes on ``rank`` for one call: recursive doubling's steps
-    among the largest power of two of ranks (the others fold in and out), or the two-rank tree's one; none
-    where the call rides in the check's own messages (``mpi._RIDES``: those steps run inside ``agree``)."""
-    from zerocomm.comm.backends import mpi
-    ride = mpi._RIDES.get((dtype, op))
-    if numel == 0 or n == 1 or (ride is not None and numel <= ride[2]):
+    among the largest power of two of ranks (the others fold in and out), or the two-rank tree's one (the check's
+    stage rides only "native" and "hierarchical" calls, so these always exchange)."""
+    if numel == 0 or n == 1:
         return 0
     if algorithm == "tree":
         return 1 if n == 2 else 0

@@ -1,8 +1,8 @@
-"""Where a group's mismatch checks run, for tests of the backend's own check (``Backend.agree``).
+"""Where a group's mismatch checks run, for tests of the check through the backend (``Backend.reduce_stage``).
 
-A group whose ranks share one host and a segment checks every call in the segment (``check.in_segment``);
-a group spanning hosts, or whose ranks share no segment, checks every call through its backend
-(``check.through_backend``), where MPI's small native all_reduce rides in the check (in C where built).
+A group whose ranks share one host and a segment checks every call in the segment (``MismatchCheck.in_segment``);
+a group spanning hosts, or whose ranks share no segment, checks every call in the stage reduced by its backend
+(``MismatchCheck.through_backend``), where a small native SUM/AVG all_reduce of floats rides.
 ``checks_through_the_backend`` makes a one-host group check as a cross-host one does, for the block.
 """
 import contextlib
