@@ -38,8 +38,7 @@ class CommConfig:
     """Algorithm used when a call does not pass ``algorithm=``: one of ``comm.algorithms.ALGORITHM_CHOICES``."""
     segment_bytes: int = 4 << 20
     """Bytes per pipelined segment in ring/tree algorithms; smaller pipelines deeper, costs more messages.
-    4 MiB measured best for 16-64 MiB all_reduce on 2 cores, gloo and MPI, 2 and 4 ranks (1 MiB: 0.73-0.91
-    of native's busbw at 4 gloo ranks; 4 MiB: 0.82-0.95)."""
+    The default was the best of those measured for 16-64 MiB all_reduce (docs/bench/guides.md)."""
     timeout_s: float = 300.0
     """Default deadline, in seconds, of every blocking call of a group whose ``init_process_group``/``new_group``
     got no ``timeout``.  Five minutes, not torch's 30 (gloo) or 10 (NCCL): a peer that is known dead (its

@@ -1,4 +1,5 @@
 """The documentation builds, and its links point at files that exist."""
+import ast
 import pathlib
 import re
 import subprocess
@@ -195,6 +196,21 @@ def test_benchmarks_page_is_a_guide_and_results_live_apart():
     assert (ROOT / "docs" / "bench" / "history.md").exists() and (ROOT / "docs" / "results.md").exists()
 
 
+def test_guides_keep_their_measurement_journals_apart():
+    """Dated runs and the machine's load at the time belong in docs/bench/ (and results.md); a guide points there
+    ("measured: bench/...") instead of carrying them."""
+    journal = re.compile(r"20\d\d-\d\d-\d\d|\bUTC\b|load average", re.I)
+    found = []
+    for page in PAGES:
+        if page.name == "results.md":
+            continue
+        for line in re.sub(r"\]\([^)]*\)", "]", page.read_text()).splitlines():  # a link's target may be dated
+            if journal.search(line):
+                found.append((page.name, line))
+    assert not found, found
+    assert (ROOT / "docs" / "bench" / "guides.md").exists()
+
+
 # --- the quickstarts' scripts run as shown ---------------------------------------------------------------
 
 def _quickstart_script(page: str) -> str:
@@ -272,20 +288,130 @@ def test_readme_lists_the_c_extensions_setup_builds():
     assert built and listed == built, (sorted(listed), sorted(built))
 
 
+# --- the environment is read in one place ------------------------------------------------------------
+
+ZEROCOMM_NAME = re.compile(r"\bZEROCOMM_[A-Z][A-Z0-9_]*[A-Z0-9]\b")
+#: The benchmark's own switches, each read by the one module of benchmarks/ that defines it: set by the user for
+#: the benchmark (the stand-in) or by one of its processes for another.  They are not the library's, and cannot be
+#: in ``comm/environment.py``: benchmarks use only ``zerocomm.comm``'s public API, and comm knows nothing of them.
+BENCHMARK_OWN = {"ZEROCOMM_BENCH_STANDIN": "target.py", "ZEROCOMM_BENCH_RELAUNCHED": "launch.py",
+                 "ZEROCOMM_CLUSTER_JOB": "cluster.py", "ZEROCOMM_COMPRESSION_ROWS": "compression.py"}
+
+
+def _module_strings(tree) -> dict:
+    """``NAME = "..."`` at a module's top level: the names a read may use for a variable."""
+    return {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+            for target in node.targets if isinstance(target, ast.Name)}
+
+
+def _environment_reads(source: str, imported: dict) -> list:
+    """``(line, variable)`` for every read of a ``ZEROCOMM_*`` variable in ``source`` that does not go through
+    ``environment.get``: ``X.get(k)``/``X.pop(k)``/``X.setdefault(k)``, ``getenv(k)``, ``X[k]`` (not an
+    assignment) and ``k in X``, where ``k`` is a string, a module-level name bound to one, or a name another
+    module defines (``imported``: name -> string, e.g. ``HOST_ENV`` or ``topology.HOST_ENV``)."""
+    tree = ast.parse(source)
+    names = {**imported, **_module_strings(tree)}
+
+    def variable(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            value = node.value
+        elif isinstance(node, ast.Name):
+            value = names.get(node.id, "")
+        elif isinstance(node, ast.Attribute):
+            value = imported.get(node.attr, "")
+        else:
+            return None
+        return value if ZEROCOMM_NAME.fullmatch(value) else None
+
+    def through_environment(func):
+        owner = func.value if isinstance(func, ast.Attribute) else None
+        return (isinstance(owner, ast.Name) and owner.id == "environment"
+                or isinstance(owner, ast.Attribute) and owner.attr == "environment")
+
+    found = []
+    for node in ast.walk(tree):
+        keys = []
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("get", "pop", "setdefault", "getenv") and not through_environment(func):
+                keys = [node.args[0]]
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            keys = [node.slice]
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            keys = [node.left]
+        found += [(node.lineno, read) for read in map(variable, keys) if read]
+    return found
+
+
+def _package_files(*folders):
+    return [path for folder in folders for path in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def _names_defined_across(paths) -> dict:
+    """Every module-level string constant naming a ``ZEROCOMM_*`` variable in ``paths``, by name (how a module
+    that imports it, or the module itself, refers to it)."""
+    defined = {}
+    for path in paths:
+        for name, value in _module_strings(ast.parse(path.read_text())).items():
+            if ZEROCOMM_NAME.fullmatch(value):
+                defined[name] = value
+    return defined
+
+
+def test_the_environment_read_finder_sees_each_form_of_read():
+    """The finder the next test relies on: each way of reading a variable is found, and neither a read through
+    ``environment.get`` nor a write is."""
+    source = """
+import os
+from . import environment
+HOST = "ZEROCOMM_HOST"
+a = os.environ.get("ZEROCOMM_ALGORITHM", "auto")
+b = os.getenv(HOST)
+c = os.environ[topology.HOST_ENV]
+d = "ZEROCOMM_CHECK" in os.environ
+e = os.environ.pop("ZEROCOMM_DEBUG", None)
+f = environment.get("ZEROCOMM_TIMEOUT")
+os.environ["ZEROCOMM_PROFILE"] = "x"
+g = os.environ.get("RANK")
+"""
+    found = _environment_reads(source, {"HOST_ENV": "ZEROCOMM_HOST"})
+    assert sorted(found) == [(5, "ZEROCOMM_ALGORITHM"), (6, "ZEROCOMM_HOST"), (7, "ZEROCOMM_HOST"),
+                             (8, "ZEROCOMM_CHECK"), (9, "ZEROCOMM_DEBUG")], found
+
+
 def test_zerocomm_variables_are_read_in_one_place_and_documented_from_it():
-    """``comm/environment.py`` reads every ``ZEROCOMM_*`` variable of the library (no other module of comm/, zero/,
-    ops/ or integrations/ reads one), and the variables the user pages name are the ones it reads."""
+    """``comm/environment.py`` reads every ``ZEROCOMM_*`` variable of the library: no other module of comm/,
+    zero/, ops/, integrations/ or benchmarks/ reads one itself (the sources are parsed, so a read through a named
+    constant counts too), except the benchmark's own switches, each in its one module; every ``ZEROCOMM_*``
+    name the library's code mentions is in its table; and the variables the user pages name are the ones it
+    reads."""
     from zerocomm.comm import environment
-    reads = re.compile(r"(?:environ(?:\.get)?|getenv)\(\s*[\"'](ZEROCOMM_\w+)|environ\[\s*[\"'](ZEROCOMM_\w+)")
-    for folder in ("comm", "zero", "ops", "integrations"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            if path.name == "environment.py":
+
+    library = _package_files("comm", "zero", "ops", "integrations")
+    benchmarks = _package_files("benchmarks")
+    imported = _names_defined_across(library + benchmarks)
+    assert imported.get("HOST_ENV") == "ZEROCOMM_HOST", "the finder no longer sees topology's HOST_ENV"
+    assert not set(BENCHMARK_OWN) & set(environment.VARIABLES)
+    wrong = []
+    for path in library + benchmarks:
+        if path == ROOT / "comm" / "environment.py":
+            continue
+        for line, variable in _environment_reads(path.read_text(), imported):
+            if path in benchmarks and BENCHMARK_OWN.get(variable) == path.name:
                 continue
-            assert not reads.findall(path.read_text()), f"{path} reads a ZEROCOMM_ variable itself"
+            wrong.append(f"{path.relative_to(ROOT)}:{line} reads {variable} itself")
+    assert not wrong, "read it through comm/environment.py's get (and list it in VARIABLES):\n" + "\n".join(wrong)
+    for path in library:
+        text = path.read_text()
+        unknown = set(ZEROCOMM_NAME.findall(text)) - set(environment.VARIABLES)
+        assert not unknown, f"{path.relative_to(ROOT)} names {sorted(unknown)}, which comm/environment.py does not read"
+
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    named = {name for page in pages for name in re.findall(r"ZEROCOMM_[A-Z][A-Z_]*[A-Z]", page.read_text())}
+    named = {name for page in pages for name in ZEROCOMM_NAME.findall(page.read_text())}
     # The benchmark's and the test suite's own switches are documented where they are read, not by the library.
-    own = {"ZEROCOMM_BENCH_STANDIN", "ZEROCOMM_TORCH_SUITE", "ZEROCOMM_CLUSTER_JOB"}
+    own = {*BENCHMARK_OWN, "ZEROCOMM_TORCH_SUITE"}
     assert named - own <= set(environment.VARIABLES), sorted(named - own - set(environment.VARIABLES))
     config_doc = (ROOT / "comm" / "config.py").read_text()
     for variable in ("ZEROCOMM_ALGORITHM", "ZEROCOMM_TIMEOUT", "ZEROCOMM_CHECK"):
