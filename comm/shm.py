@@ -8,7 +8,7 @@ and kept with the communicator (``t.local.arena``) until the backend's ``close()
         u32 sleeping    1 while some rank may sleep on p's ``arrive``
         u32 pid, u32 pid namespace     for the liveness check of a waiting peer
         i64 x 4, twice  per-call words (``publish``/``peer_word``), by call parity
-        i64 probe       address of a private word, for the cross-memory check (``Arena.agree``)
+        i64 probe       address of a private word, for the cross-memory check (``Arena.decide_cross_memory``)
         i64 readable    1 if this rank could read and write a peer's private memory (``process_vm_readv``/``writev``)
         i64 digest x 2  the mismatch check's digests, by check parity
         i64 abandoned   0, or the code of the call this rank abandoned (``Arena.abandon``)
@@ -42,7 +42,7 @@ memory (``process_vm_readv``/``process_vm_writev``, "cross-memory attach": same 
 restriction, no seccomp filter against it), a large all_reduce reads each peer's own tensor directly
 instead of having it copied into a slot first, and writes its reduced slice straight into the peers'
 tensors: the traffic of one copy, as for tensors from :func:`shared_empty`.  Whether every rank can is
-agreed once, when the arena is made (``Arena.agree``), so all ranks take the same schedule;
+agreed once, when the arena is made (``Arena.decide_cross_memory``), so all ranks take the same schedule;
 ``CROSS_MEMORY = False`` turns it off.
 
 [Note: an abandoned call]  A rank that leaves a call at its deadline (or because a peer failed) has
@@ -353,7 +353,7 @@ class Arena:
         self.armed: Optional[tuple] = None  # (digest, fingerprint) of an armed check (``expect``)
         self._nothing = torch.empty(1)[:0]  # a check alone's tensor in the C round (``settle``)
         #: Whether large all_reduce calls read and write peers' tensors with ``process_vm_readv``/``writev``
-        #: (``agree`` sets it).
+        #: (``decide_cross_memory`` sets it).
         self.cross_memory = False
         self._views: dict = {}
         self._numpy: dict = {}
@@ -655,7 +655,7 @@ class Arena:
         raise PeerFailure(f"{what}: rank {p} (pid {self.pid(p)}) abandoned the call before this rank's "
                           f"shared-memory step {step}", peer=p, abandoned=code)
 
-    def agree(self, deadline: Optional[float]) -> None:
+    def decide_cross_memory(self, deadline: Optional[float]) -> None:
         """Decide, the same on every rank, whether large calls may read and write peers' private memory:
         each rank reads a word of every peer's process with ``process_vm_readv`` and writes the same value
         back with ``process_vm_writev``; all of it on all ranks must succeed.  Every rank calls it once,
@@ -736,7 +736,7 @@ def arena(t: Transport, *, tag: int, deadline: Optional[float]) -> Arena:
         local.no_segment = True
         raise
     made = Arena(mm, t.size, t.rank, SLOT_BYTES)
-    made.agree(deadline)
+    made.decide_cross_memory(deadline)
     local.arena = made
     return made
 

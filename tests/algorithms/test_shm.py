@@ -19,6 +19,7 @@ from support import collective_checks as checks
 from support.local_transport import run_ranks
 from support.references import assert_matches, rank_values, reference, to_torch
 from zerocomm.comm import UnsupportedError, shm, shm_heap, topology
+from zerocomm.comm.check import digest
 from zerocomm.comm.algorithms import ALGORITHMS
 from zerocomm.comm.algorithms import shm as shm_schedules
 from zerocomm.comm.backends.gloo import GlooBackend
@@ -228,10 +229,12 @@ def test_check_rounds_in_c_count_compare_and_reduce():
         start = (arena.rounds.step, arena.rounds.round, arena.rounds.checks)
         x = torch.full((5,), float(t.rank + 1))
         for k in range(4):
-            arena.checked_round((1000 + k, 5, 3), ("call", k), x.data_ptr(), 5, 0, 0, deadline)  # float32 SUM
+            arena.checked_round((1000 + k, 5, 3), digest(1000 + k, 5, 3), ("call", k), x.data_ptr(), 5, 0, 0,
+                                deadline)  # float32 SUM
         counted = (arena.rounds.step - start[0], arena.rounds.round - start[1], arena.rounds.checks - start[2])
         try:
-            arena.checked_round((7, 0, 1 if t.rank == 1 else 2), ("odd", t.rank), 0, 0, 0, 0, deadline)
+            cell_code = 1 if t.rank == 1 else 2
+            arena.checked_round((7, 0, cell_code), digest(7, 0, cell_code), ("odd", t.rank), 0, 0, 0, 0, deadline)
             raised = None
         except shm.CallMismatch as mismatch:
             raised = mismatch.fingerprint
