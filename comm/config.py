@@ -6,8 +6,8 @@ Environment variables:
     ZEROCOMM_TIMEOUT        seconds: the default deadline of every blocking call (init, collectives,
                             object collectives, barrier) when ``init_process_group`` gets no
                             ``timeout``; default 300 (see docs/failures.md for why).
-    ZEROCOMM_CHECK          "0": skip the per-call mismatch check (one 16-byte all_reduce before
-                            each collective; on by default, see docs/failures.md for its cost).
+    ZEROCOMM_CHECK          "0": skip the per-call mismatch check (one small round before each
+                            collective; on by default, see docs/failures.md).
     ZEROCOMM_DEBUG          "1": the full check: every rank's whole fingerprint is all-gathered
                             before each collective (the default check exchanges a hash of it).
     ZEROCOMM_SWITCH_INTERVAL  seconds; if set, ``sys.setswitchinterval`` at init.  An async
@@ -47,9 +47,10 @@ class CommConfig:
     allocation for half an hour.  Raise it for programs whose ranks legitimately wait longer at one
     call (one rank loading a large checkpoint while the others wait in a broadcast)."""
     check: bool = True
-    """Mismatch check before each collective: a 16-byte all_reduce of a hash of (sequence number, collective,
-    op, dtype, element count, root, algorithm); ranks that disagree raise ``CollectiveMismatchError`` on every
-    rank, naming both sides, instead of returning garbage, aborting or hanging."""
+    """Mismatch check before each collective: one small round (``check.py``: a shared-memory round on one host, else
+    a SUM all_reduce of a 16-float64 stage) comparing a 62-bit hash of (sequence number, collective, op, dtype,
+    element count, root, algorithm); ranks that disagree raise ``CollectiveMismatchError`` on every rank, naming
+    both sides, instead of returning garbage, aborting or hanging."""
     debug: bool = False
     """The full check: all-gather every rank's whole fingerprint before each collective (implies ``check``)."""
     switch_interval_s: float = 0.0

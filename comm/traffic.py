@@ -138,7 +138,7 @@ def run_observed(observers, call, tag: int, deadline: float, segment_bytes: int,
                  ridden: bool = False) -> None:
     """Run ``call`` (a ``plan.Call``) with a :class:`CallRecord` for ``observers``: zerocomm's own
     algorithms through a :class:`CountingTransport`, native collectives estimated (see the module note), and so
-    is a call that ``ridden`` in its mismatch check's round (``check.in_segment``: no message of its own)."""
+    is a call that ``ridden`` in its mismatch check's round (``MismatchCheck.in_segment``: no message of its own)."""
     group = call.group
     # A compressed all_reduce is its own line in byte counts and profiles: it moves 1/32 of the bytes.
     op = "compressed_all_reduce" if call.algorithm == "onebit" else call.collective

@@ -107,7 +107,7 @@ class Attached:
     """The hierarchical algorithms' host layout and sub-communicators (``algorithms.hierarchical``)."""
     host_segments: bool = False
     """The ranks span hosts and every host's ranks share a segment, as the mismatch check's first round across
-    hosts found (``check.across_hosts``); where they do not, that round sets ``no_segment`` instead."""
+    hosts found (``MismatchCheck.across_hosts``); where they do not, that round sets ``no_segment`` instead."""
     made_s: float = dataclasses.field(default_factory=time.time)
     """Wall-clock seconds when this record was made (as the communicator's hosts were learnt, at its creation): a
     note left in the store before it is an earlier communicator's (``abandon.notes``)."""
