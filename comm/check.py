@@ -106,8 +106,7 @@ digest = shm.digest_in_c or digest_twin
 # (AVG divided there too) and rounded once into the tensor (a SUM at two ranks: the dtype's own sum bit for bit);
 # whether a call rides depends on its cell and size alone, which the digest compares.
 PIECE_BITS = 16
-_PIECES = 4
-STAGE_HEADER = 2 * _PIECES
+STAGE_HEADER = 8
 #: Elements of a small all_reduce that ride in the stage.
 STAGE_PAYLOAD = 8
 #: float64 elements of the stage.
@@ -120,18 +119,18 @@ _STAGE_ALGORITHMS = frozenset(("native", "hierarchical"))
 
 
 def stage_header(code: int) -> tuple:
-    """The stage's header for digest ``code``: ``(p0, p0*p0, p1, p1*p1, ...)``, its pieces from the low bits."""
-    header = []
-    for k in range(_PIECES):
-        piece = (code >> (PIECE_BITS * k)) & _PIECE
-        header += (piece, piece * piece)
-    return tuple(header)
+    """The stage's header for digest ``code``: ``(p0, p0*p0, p1, p1*p1, p2, p2*p2, p3, p3*p3)``, its pieces from the
+    low bits (written out: this runs on every check through a reduction)."""
+    p0, p1, p2, p3 = code & _PIECE, code >> 16 & _PIECE, code >> 32 & _PIECE, code >> 48
+    return (p0, p0 * p0, p1, p1 * p1, p2, p2 * p2, p3, p3 * p3)
 
 
 def stage_agrees(reduced: list, header: tuple, n: int) -> bool:
-    """Whether a stage's reduced header (the first :data:`STAGE_HEADER` values, summed over ``n`` ranks) says every
+    """Whether a stage's reduced header (its first :data:`STAGE_HEADER` values, summed over ``n`` ranks) says every
     rank held this rank's ``header``."""
-    return all(reduced[k] == n * header[k] for k in range(STAGE_HEADER))
+    return (reduced[0] == n * header[0] and reduced[1] == n * header[1] and reduced[2] == n * header[2]
+            and reduced[3] == n * header[3] and reduced[4] == n * header[4] and reduced[5] == n * header[5]
+            and reduced[6] == n * header[6] and reduced[7] == n * header[7])
 
 
 #: The largest all_reduce (bytes) that rides in the segment's check round instead of running on the backend.
@@ -252,7 +251,7 @@ class MismatchCheck:
                 arena = self._arena(call, tag, deadline, refuse=True)
             except TimeoutError as error:
                 raise _reached(call, tag, error) from None
-        arena.expect(digest(tag, call.numel, call.check[0]), _fingerprint(call, tag))
+        arena.expect(digest(tag, call.numel, call.check[0]), (tag, call.numel, *call.check[1]))
         return False
 
     def settle(self, call, deadline: Optional[float]) -> None:
@@ -261,33 +260,7 @@ class MismatchCheck:
         if arena is not None and arena.armed is not None:
             arena.settle(deadline)
 
-    # -- the stage -----------------------------------------------------------------------------------
-    def _staged(self, call, tag: int, deadline: Optional[float], reduce: Callable[[torch.Tensor], None]) -> bool:
-        """The digests meet in the stage (see [Note: the stage]), SUM-reduced by ``reduce(stage)``; a small SUM/AVG
-        all_reduce of floats by "native" or "hierarchical" rides in it and is done, where the backend's tensors live
-        beside the stage (``Backend.STAGE_RIDES``)."""
-        header = stage_header(digest(tag, call.numel, call.check[0]))
-        words = self._words
-        words[:STAGE_HEADER] = header
-        numel = call.numel
-        rides = (0 < numel <= STAGE_PAYLOAD and call.collective == "all_reduce" and call.options is None
-                 and call.op in ("sum", "avg") and call.algorithm in _STAGE_ALGORITHMS and call.dtype in _STAGE_DTYPES
-                 and self.group.backend_type.STAGE_RIDES)
-        if rides:
-            self.stage[STAGE_HEADER:STAGE_HEADER + numel] = call.args[0]
-        try:
-            reduce(self.stage)
-        except TimeoutError as error:
-            raise _reached(call, tag, error) from None
-        n = self.group.communicator.size
-        if not stage_agrees(words[:STAGE_HEADER].tolist(), header, n):
-            self.name_mismatch(_fingerprint(call, tag), deadline)  # raises, or the digests collided: the call runs
-            return False
-        if rides:
-            reduced = self.stage[STAGE_HEADER:STAGE_HEADER + numel]
-            call.args[0].copy_(reduced / n if call.op == "avg" else reduced)
-        return rides
-
+    # -- the stage: across hosts, or through the backend ----------------------------------------------
     def across_hosts(self, call, tag: int, deadline: Optional[float]) -> bool:
         """The stage, reduced by the hierarchical algorithm: inside each host through its segment, across hosts
         once among one rank per host."""
@@ -298,13 +271,38 @@ class MismatchCheck:
                 return self.through_backend(call, tag, deadline)
         except TimeoutError as error:
             raise _reached(call, tag, error) from None
-        return self._staged(call, tag, deadline, lambda stage: all_reduce_hierarchical(
-            t, stage, "sum", tag=tag, deadline=deadline, segment_bytes=0))
+        return self.through_backend(call, tag, deadline, self._reduce_across_hosts)
 
-    def through_backend(self, call, tag: int, deadline: Optional[float]) -> bool:
-        """The stage, reduced by the backend's own primitive (``Backend.reduce_stage``)."""
-        communicator = self.group.communicator
-        return self._staged(call, tag, deadline, lambda stage: communicator.reduce_stage(stage, deadline=deadline))
+    def _reduce_across_hosts(self, stage: torch.Tensor, *, tag: int, deadline: Optional[float]) -> None:
+        all_reduce_hierarchical(self.group.communicator, stage, "sum", tag=tag, deadline=deadline, segment_bytes=0)
+
+    def through_backend(self, call, tag: int, deadline: Optional[float], reduce: Optional[Callable[..., None]] = None
+                        ) -> bool:
+        """The digests meet in the stage (see [Note: the stage]), SUM-reduced by ``reduce(stage, tag=, deadline=)``:
+        the backend's own primitive (``Backend.reduce_stage``) unless another is given (``across_hosts``'s).  A small
+        SUM/AVG all_reduce of floats by "native" or "hierarchical" rides in it and is done, where the backend's
+        tensors live beside the stage (``Backend.STAGE_RIDES``)."""
+        header = stage_header(digest(tag, call.numel, call.check[0]))
+        words = self._words
+        words[:STAGE_HEADER] = header
+        numel = call.numel
+        rides = (0 < numel <= STAGE_PAYLOAD and call.collective == "all_reduce" and call.options is None
+                 and call.op in ("sum", "avg") and call.algorithm in _STAGE_ALGORITHMS and call.dtype in _STAGE_DTYPES
+                 and self.group.backend_type.STAGE_RIDES)
+        if rides:
+            self.stage[STAGE_HEADER:STAGE_HEADER + numel] = call.args[0]
+        try:
+            (self.group.communicator.reduce_stage if reduce is None else reduce)(self.stage, tag=tag, deadline=deadline)
+        except TimeoutError as error:
+            raise _reached(call, tag, error) from None
+        n = self.group.communicator.size
+        if not stage_agrees(words[:STAGE_HEADER].tolist(), header, n):
+            self.name_mismatch(_fingerprint(call, tag), deadline)  # raises, or the digests collided: the call runs
+            return False
+        if rides:
+            reduced = self.stage[STAGE_HEADER:STAGE_HEADER + numel]
+            call.args[0].copy_(reduced / n if call.op == "avg" else reduced)
+        return rides
 
     # -- naming the ranks that differ ----------------------------------------------------------------
     def full(self, call, tag: int, deadline: Optional[float]) -> bool:

@@ -199,7 +199,9 @@ class Group:
                     posted = self.execute(call, tag, issue=call.issue if call.ride is None else None)
                 except Exception as error:  # the caller sees it through Work.wait, as from the executor
                     return IssuedWork.failed(call, self, error)
-                return IssuedWork(call, self, None, None, 0.0, 0.0) if posted is None else IssuedWork(call, self, *posted)
+                if posted is None:  # done at issue
+                    return IssuedWork(call, self, None, None, 0.0, 0.0)
+                return IssuedWork(call, self, *posted)
             future = self._enqueue(call, tag, self._worker_ident == get_ident(), observers, issued_s)
         work = Work(f"{call.collective} on {self.describe()}", future, call.outputs, self)
         if call.async_op:

@@ -223,11 +223,12 @@ class Backend(Transport):
     #: live in host memory, beside the stage (gloo, MPI); not where they would cross to a device and back (NCCL).
     STAGE_RIDES: ClassVar[bool] = False
 
-    def reduce_stage(self, stage: torch.Tensor, *, deadline: Optional[float]) -> None:
+    def reduce_stage(self, stage: torch.Tensor, *, tag: int, deadline: Optional[float]) -> None:
         """SUM all_reduce, in place, of the mismatch check's ``stage`` (a contiguous float64 tensor in host memory
         of ``check.STAGE`` elements, the same size on every rank and every call): the one primitive the check
         asks of a backend (``check.MismatchCheck``; the stage's format is the check's).  Every rank calls it, in
-        the collectives' order, before the collective it checks moves a byte.  It must cost about one small
+        the collectives' order, before the collective it checks moves a byte; ``tag`` is that call's (a backend
+        that matches by order may ignore it).  It must cost about one small
         native all_reduce and allocate nothing per call after the first; a stage that timed out is left to the
         request still posted (the group is unusable after).  Raises ``TimeoutError`` or :class:`PeerFailure`
         like a native collective."""

@@ -359,10 +359,10 @@ class GlooBackend(Backend):
 
     STAGE_RIDES = True
 
-    def reduce_stage(self, stage: torch.Tensor, *, deadline: Optional[float]) -> None:
+    def reduce_stage(self, stage: torch.Tensor, *, tag: int, deadline: Optional[float]) -> None:
         # allreduce's own call, without its frames (the options are made once, below).
-        _wait_until(self.pg.allreduce([stage], self._all_reduce_options["sum"]), "every rank to reach the mismatch check",
-                    deadline)
+        _wait_until(self.pg.allreduce([stage], self._all_reduce_options["sum"]),
+                    "every rank to reach the mismatch check", deadline)
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:

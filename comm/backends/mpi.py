@@ -398,10 +398,10 @@ class MpiBackend(Backend):
     # -- the mismatch check's round ------------------------------------------------------------
     STAGE_RIDES = True
 
-    def reduce_stage(self, stage: torch.Tensor, *, deadline: Optional[float]) -> None:
+    def reduce_stage(self, stage: torch.Tensor, *, tag: int, deadline: Optional[float]) -> None:
         # MPI's own all_reduce of the stage (in C where bound): every check has this same type signature,
         # whatever each rank called, so ranks that disagree still make one valid MPI call.
-        self.all_reduce(stage, "sum", tag=0, deadline=deadline, segment_bytes=0)
+        self.all_reduce(stage, "sum", tag=tag, deadline=deadline, segment_bytes=0)
 
     # -- native collectives: the algorithms' arguments, blocking until done or the deadline ----------
     def all_reduce(self, tensor, op, *, tag, deadline, segment_bytes) -> None:

@@ -164,7 +164,7 @@ class NcclBackend(Backend):
     def _movable(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
 
-    def reduce_stage(self, stage: torch.Tensor, *, deadline) -> None:
+    def reduce_stage(self, stage: torch.Tensor, *, tag: int, deadline) -> None:
         # The stage lives in host memory (check.py); it crosses to this rank's GPU and back, a SUM there.
         device_stage = self._stage
         if device_stage is None:
