@@ -754,9 +754,11 @@ def settle(t: Transport, deadline: Optional[float]) -> None:
         made.settle(deadline)
 
 
-def release(t: Transport) -> None:
-    """Forget ``t``'s arena and heaps (the backend's ``close()`` calls it).  Tensors the user still holds
-    from :func:`shared_empty` stay valid: a mapping ends with the last tensor viewing it."""
+@Transport.on_close
+def release(t: Transport, abandon: bool = False) -> None:
+    """Forget ``t``'s arena and heaps (a close hook: the backend's ``close()`` runs it, see
+    ``Transport.on_close``; ``abandon`` changes nothing here, no peer is waited for).  Tensors the user still
+    holds from :func:`shared_empty` stay valid: a mapping ends with the last tensor viewing it."""
     local = t.local
     made, local.arena = local.arena, None
     if made is not None:
