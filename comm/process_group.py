@@ -1,6 +1,6 @@
 """``init_process_group``: joining the default group, with torch.distributed's names and defaults.
 
-The ranks meet and the world's communicator is made (``rendezvous.py``: the default backend, torch's device
+The ranks meet and the world's communicator is made (``bootstrap.py``: the default backend, torch's device
 maps such as ``"cpu:gloo,cuda:nccl"``, ``env://``/``tcp://``/``file://``/a store/the MPI launcher); the ranks
 learn which host each is on and whether they can share memory; the world's group enters the registry
 (``group.WORLD``; the other groups and the rank queries are ``world.py``'s, the configuration ``settings.py``'s).
@@ -27,7 +27,7 @@ from .config import CommConfig
 from .errors import CommError, InvalidArgumentError
 from .group import WORLD, Group
 from .profiler import Profiler
-from .rendezvous import default_backend, device_backends, init_failure, make_communicator
+from .bootstrap import default_backend, device_backends, init_failure, make_communicator
 from .transport import USER_TAG_LIMIT, PeerFailure
 from .world import group_timeout, offer_cuda_twin
 

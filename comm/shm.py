@@ -86,6 +86,12 @@ except ImportError:
 #: Whether a check round can carry a payload (``Arena.checked_round``): the C round is built.
 FAST_ROUNDS = _shmfast is not None
 
+
+def small_round_in_c() -> bool:
+    """Whether a small all_reduce's round runs in C (:meth:`Arena.reduce_small_c`): ``_shmfast`` is built and in
+    use (a test sets ``_shmfast`` to ``None`` to run the Python round)."""
+    return _shmfast is not None
+
 #: Where segments are created (a tmpfs on Linux), named ``PREFIX<creator's pid>-<random>``.
 SHM_DIR, PREFIX = "/dev/shm", "zerocomm-"
 #: Bytes of one rank's control line (two cache lines: no false sharing between ranks' words).

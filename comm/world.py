@@ -18,7 +18,7 @@ from .api import barrier
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .profiler import Profiler, merge_chrome_traces
-from .rendezvous import setup_failure
+from .bootstrap import setup_failure
 from .transport import PeerFailure
 from .validate import resolve_group
 

@@ -5,7 +5,11 @@ backends, algorithms or other internal modules); integrations use only the publi
 and ``zerocomm.zero``; comm never imports zero or benchmarks; and inside ``comm/``,
 ``ops/``, ``zero/`` and ``benchmarks/`` no module imports, directly or through others, a module that imports
 it: every ``from . import x`` / ``from .x import y`` arrow counts, at module level or inside a function alike
-(a late import is still an arrow), and a circle is a failure naming its members and their arrows.
+(a late import is still an arrow), and a circle is a failure naming its members and their arrows.  Inside
+``comm/`` the arrows also point down a declared order of floors (``FLOORS``), late imports are few
+(``LATE_IMPORTS_AT_MOST``), no module uses another's private members, and only the gloo backend imports the
+module that reads torch's build (``gloo_exits.py``).  ``python tests/test_layers.py [comm folder]`` prints the
+arrows up the floors and the late imports.
 """
 import ast
 import os
@@ -208,13 +212,14 @@ def test_integrations_use_only_the_public_comm_and_zero_api(path):
 #: its own floor or below; within a floor there is no circle (``test_comm_has_no_import_circles``).  Every module
 #: of comm/ is on exactly one floor, so a new module is placed here deliberately.  The order is the code's: the
 #: backends sit on the transport and learn what the layers above keep on a communicator through close hooks
-#: (``Transport.on_close``); ``topology`` is handed its all_gather; ``rendezvous`` only needs the backends.
+#: (``Transport.on_close``); ``topology`` is handed its all_gather; ``bootstrap`` (the rendezvous) needs only
+#: the backends.
 FLOORS = (
     ("base", {"errors", "environment", "best_effort", "reduce_op", "slurm", "torch_events"}),
     ("transport", {"transport", "work"}),
     ("backends", {"backends", "backends.gloo", "backends.gloo_exits", "backends.mpi", "backends.mpi_start",
                   "backends.nccl"}),
-    ("rendezvous", {"rendezvous"}),
+    ("bootstrap", {"bootstrap"}),
     ("hosts", {"topology", "shm"}),
     ("algorithms", {"algorithms", "algorithms.ring", "algorithms.tree", "algorithms.shm", "algorithms.hierarchical",
                     "algorithms.compressed", "sparse"}),

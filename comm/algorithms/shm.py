@@ -128,7 +128,7 @@ _UFUNCS = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minim
            "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 
 
-#: The dtypes and ops the C small path (``_shmfast``, when built: ``shm.FAST_ROUNDS``) reduces: their codes there.
+#: The dtypes and ops the C small path (``_shmfast``, when built: ``shm.small_round_in_c``) reduces: their codes there.
 FAST_KINDS = {torch.float32: 0, torch.float64: 1, torch.int32: 2, torch.int64: 3}
 FAST_OPS = {"sum": 0, "avg": 1, "product": 2, "min": 3, "max": 4, "band": 5, "bor": 6, "bxor": 7}
 
@@ -142,7 +142,7 @@ def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, 
     (``Arena.reduce_small_c``: the same bits); other dtypes numpy has run as numpy ufuncs on cached
     views (``Arena.numpy_view``), the rest as torch kernels.
     """
-    if out_ranks and shm.FAST_ROUNDS:
+    if out_ranks and shm.small_round_in_c():
         kind = FAST_KINDS.get(tensor.dtype)
         if kind is not None:
             a.reduce_small_c(tensor, kind, FAST_OPS[op], deadline, what)
