@@ -23,11 +23,11 @@ import torch.distributed as td
 
 from . import c10d, flight, shm, slurm, topology
 from .algorithms.ring import all_gather_ring
+from .bootstrap import default_backend, device_backends, init_failure, make_communicator
 from .config import CommConfig
 from .errors import CommError, InvalidArgumentError
 from .group import WORLD, Group
 from .profiler import Profiler
-from .bootstrap import default_backend, device_backends, init_failure, make_communicator
 from .transport import USER_TAG_LIMIT, PeerFailure
 from .world import group_timeout, offer_cuda_twin
 

@@ -15,10 +15,10 @@ import torch.distributed as td
 
 from . import c10d, flight, objects, staging, topology
 from .api import barrier
+from .bootstrap import setup_failure
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
 from .profiler import Profiler, merge_chrome_traces
-from .bootstrap import setup_failure
 from .transport import PeerFailure
 from .validate import resolve_group
 
