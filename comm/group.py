@@ -33,6 +33,7 @@ import torch
 from . import abandon, check, flight, shm
 from .config import CommConfig
 from .errors import CollectiveMismatchError, CommError, CommTimeoutError, NotInitializedError, PeerError
+from .traffic import run_observed
 from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import IssuedWork, Work
 
@@ -281,11 +282,9 @@ class Group:
             checker = call.checker
             if checker is not None and checker(call, tag, deadline):  # the all_reduce rode in the check
                 if observers:  # they still see the call
-                    from .traffic import run_observed
                     run_observed(observers, call._replace(function=_already_done), tag, deadline, self.segment_bytes,
                                  issued_s, ridden=True)
             elif observers:
-                from .traffic import run_observed
                 run_observed(observers, call, tag, deadline, self.segment_bytes, issued_s)
             elif call.options is None:  # the common case, without a further Python call
                 if issue is None:

@@ -233,7 +233,7 @@ FLOORS = (
 #: The most function-level imports comm/ may hold (reached now; lower it when one goes).  A late import is for
 #: a backend module imported only when asked for (``import zerocomm.comm`` needs neither mpi4py nor CUDA) or
 #: not at all: it still points down the floors like any import.
-LATE_IMPORTS_AT_MOST = 8
+LATE_IMPORTS_AT_MOST = 6
 
 
 def _floor_of(module: str) -> int:
