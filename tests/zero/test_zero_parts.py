@@ -114,6 +114,8 @@ CASES = [
     # a CPU model's host is its device: offload_optimizer 'cpu' keeps the device state
     ("stage2-cpu", {"stage": 2, "offload_optimizer": "cpu"},
      ("ShardedGradients", "ReplicatedParameters", "DeviceOptimizerState", None, "reduce_scatter_tensor", True)),
+    ("stage1-nvme", {"stage": 1, "offload_optimizer": "nvme"},
+     ("FullGradients", "ReplicatedParameters", "NvmeOptimizerState", None, None, None)),
     ("stage2-nvme", {"stage": 2, "offload_optimizer": "nvme"},
      ("ShardedGradients", "ReplicatedParameters", "NvmeOptimizerState", None, "reduce_scatter_tensor", False)),
     ("stage3-nvme-params", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"},
