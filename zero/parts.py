@@ -44,17 +44,16 @@ import abc
 import enum
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
+from typing import Callable, ClassVar, Optional, Sequence
 
 import torch
+from torch import nn
 
-if TYPE_CHECKING:
-    from torch import nn
+from .config import ZeroConfig
+from .partition import BucketLayout
 
-    from .config import ZeroConfig
-    from .gradients import GradientBucket
-    from .partition import BucketLayout
-    from .stages import StagePlan
+# ``GradientBucket`` (gradients.py) and ``StagePlan`` (stages.py) appear in annotations by name only: those modules
+# import this one.
 
 #: ``{"device": bytes, "host": bytes, "disk": bytes}``.
 Placement = dict
