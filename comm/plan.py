@@ -195,29 +195,12 @@ class Plan:
         ride = row.ride
         if ride is not None and nbytes > _RIDE_BYTES:
             ride = None
-        # The record, field by field in ``Call``'s order (``tuple.__new__``: a keyword ``Call(...)`` costs a Python
-        # call more per collective call; tests/comm/test_plan_record.py holds this list to ``Call._fields``).
-        call = _new(Call, (
-            self.collective,  # collective
-            self.group,  # group
-            args,  # args
-            self.op,  # op
-            self.root,  # root
-            row.algorithm,  # algorithm
-            row.function,  # function
-            options,  # options
-            self.async_op,  # async_op
-            self.timeout,  # timeout
-            outputs,  # outputs
-            copy_out,  # copy_out
-            nbytes,  # nbytes
-            numel,  # numel
-            self.dtype,  # dtype
-            row.checker if ride is None else _RIDES_IN,  # checker
-            row.check,  # check
-            ride,  # ride
-            row.issue,  # issue
-        ))
+        # The record: each item is the field of its name, in ``Call``'s order (tests/comm/test_plan_record.py reads
+        # the names off these expressions and holds them to ``Call._fields``).  ``tuple.__new__``, not a keyword
+        # ``Call(...)``: that is a Python call more per collective call (the limits in test_call_counts.py).
+        call = _new(Call, (self.collective, self.group, args, self.op, self.root, row.algorithm, row.function, options,
+                           self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype,
+                           row.checker if ride is None else _RIDES_IN, row.check, ride, row.issue))
         if record:
             return call
         if _profilers._is_profiler_enabled and _profiling():

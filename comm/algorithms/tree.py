@@ -103,6 +103,15 @@ def _parent(v: int) -> int:
     return v - _lowbit(v)
 
 
+def _place(t: Transport, root: int, block: torch.Tensor, segment_bytes: int) -> tuple:
+    """``(n, m, v, seg, size)`` of a gather or scatter of ``block`` (a rank's own block): the ranks, a block's
+    elements, this rank's place in the tree rooted at ``root`` (the root's is 0), the elements of a segment, and
+    the blocks of this rank's subtree."""
+    n, m = t.size, block.numel()
+    v = (t.rank - root) % n
+    return n, m, v, segment_elems(block, segment_bytes), _subtree_size(v, n)
+
+
 def _alone(t: Transport, out: Optional[torch.Tensor], inp: Optional[torch.Tensor]) -> bool:
     """One rank: its own block is the whole result, copied from ``inp`` into ``out`` unless they are one memory."""
     if t.size != 1:
@@ -338,10 +347,7 @@ def _gather(t: Transport, out: Optional[torch.Tensor], inp: torch.Tensor, root: 
             deadline: Optional[float], segment_bytes: int) -> None:
     if _alone(t, out, inp) or inp.numel() == 0:
         return
-    n, m = t.size, inp.numel()
-    v = (t.rank - root) % n
-    seg = segment_elems(inp, segment_bytes)
-    size = _subtree_size(v, n)
+    n, m, v, seg, size = _place(t, root, inp, segment_bytes)
     # buf holds blocks v .. v+size-1 in virtual order; the root's virtual order is real order only when root == 0.
     if v == 0 and root == 0:
         buf = out
@@ -388,10 +394,7 @@ def _scatter(t: Transport, out: torch.Tensor, inp: Optional[torch.Tensor], root:
              deadline: Optional[float], segment_bytes: int) -> None:
     if _alone(t, out, inp) or out.numel() == 0:
         return
-    n, m = t.size, out.numel()
-    v = (t.rank - root) % n
-    seg = segment_elems(out, segment_bytes)
-    size = _subtree_size(v, n)
+    n, m, v, seg, size = _place(t, root, out, segment_bytes)
     if v == 0 and root == 0:
         buf = inp
     elif v == 0:
