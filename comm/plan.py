@@ -129,7 +129,7 @@ class Plan:
     """
 
     __slots__ = ("group", "collective", "dtype", "op", "root", "async_op", "timeout", "rows", "on_cpu", "size",
-                 "itemsize", "profile_name", "tail", "gathers")
+                 "itemsize", "profile_name", "tail", "extra", "gathers")
 
     def __init__(self, group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
                  async_op: bool, timeout: Optional[float], rows: tuple, profile_name: str, any_size: bool = False):
@@ -150,6 +150,9 @@ class Plan:
         tail, larger = QUICK.get(profile_name, ((), None))
         #: What a cache hit's record passes to the algorithm after its flat buffers (``QUICK``).
         self.tail = tuple(getattr(self, name) for name in tail)
+        #: The one argument after a single flat buffer (all_reduce's op, broadcast's root), else :data:`MISS`: a
+        #: tuple display costs half of a concatenation.
+        self.extra = self.tail[0] if len(self.tail) == 1 else MISS
         #: For a pair of tensors: ``True`` if the output holds ``size`` times the input's bytes (a gather).
         self.gathers = larger == "output"
 
@@ -172,16 +175,19 @@ class Plan:
             if input is None:  # in place
                 nbytes = output.nbytes
                 numel = nbytes // self.itemsize
-                args = (output if output.ndim == 1 else output.view(-1),) + self.tail
+                flat = output if output.ndim == 1 else output.view(-1)
+                args = (flat,) + self.tail if self.extra is MISS else (flat, self.extra)
             else:
                 if type(input) is not _Tensor or output.dtype is not self.dtype or input.layout is not _strided \
                         or not (input.is_cpu if self.on_cpu else input.is_cuda) or not input.is_contiguous():
                     return MISS
-                larger, smaller = (output, input) if self.gathers else (input, output)
-                nbytes = larger.nbytes
-                if nbytes != self.size * smaller.nbytes:
+                if self.gathers:
+                    nbytes, smaller = output.nbytes, input.nbytes
+                else:
+                    nbytes, smaller = input.nbytes, output.nbytes
+                if nbytes != self.size * smaller:
                     return MISS
-                numel = smaller.nbytes // self.itemsize
+                numel = smaller // self.itemsize
                 args = (output if output.ndim == 1 else output.view(-1),
                         input if input.ndim == 1 else input.view(-1)) + self.tail
                 inputs = (input,)
