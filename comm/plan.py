@@ -11,10 +11,12 @@ collective, the dtype, the op, the root, the algorithm asked for, blocking or no
 function, and the mismatch checker that wraps it, ``check.py``).  The first call of a cell goes
 through ``validate``'s full checks, which raise a typed error before any byte moves or return the
 checked record; its plan is made from that and kept.  Later calls of the cell look the plan up
-(``api.py``, keyed by the arguments as passed) and check only what can differ from call to
-call: that the tensors are contiguous, of the plan's dtype, on its device, with sizes that fit.
-A call that fails those tests takes the full checks again, which name what is wrong.  Either way
-the record runs through ``Group.run``, which owns ordering, tags, deadlines and the executor:
+(``api.py``, keyed by the arguments as passed) and hand their tensors to :meth:`Plan.run`, which
+checks only what can differ from call to call -- that the tensors are contiguous, of the plan's
+dtype, on its device, with sizes that fit, read by the collective's argument roles (:data:`QUICK`)
+-- and makes the record.  A call that fails those tests takes the full checks again, which name
+what is wrong and hand :meth:`Plan.run` the record's fields.  Either way the record runs through
+``Group.run``, which owns ordering, tags, deadlines and the executor:
 the cache hit *is* the fast path, not a second implementation.
 
 A group's plans are dropped with the configuration they were made under (``World.config``),
