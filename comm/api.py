@@ -61,8 +61,9 @@ class Collective(NamedTuple):
     """``validate``'s full checks: the public arguments in order, then the plan key; they make the cell's plan
     (kept under the key) and run the call through it, or raise the typed error."""
     tensors: str
-    """The argument roles of a cache hit's quick test (``Plan.run``; ``plan.QUICK``): "tensor" (one, in place),
-    "output, input"; "" where the lists are packed by the full checks on every call (no plan is looked up)."""
+    """The tensor arguments a cache hit hands to ``Plan.run`` for its quick test, by name: one (in place), or the
+    output and the input (``plan.QUICK`` says which holds ``n`` times the other); "" where lists are packed by the
+    full checks on every call (no plan is looked up)."""
     key: tuple
     """The arguments that make up the plan key after the name (then the dtype of the last tensor of ``tensors``)."""
 
