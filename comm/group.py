@@ -380,15 +380,8 @@ class Group:
                       else m.group(0), str(error))
 
     def _serve(self) -> None:
-        while True:
-            with self._lock:
-                self._changed.wait_for(lambda: self._queue or self._closed)
-                if not self._queue:
-                    return
-                item = self._queue.popleft()
-                self._changed.notify_all()
-            self._run_queued(*item)
-            del item  # drop this task's buffers now, not when the next task arrives
+        """The executor thread: queued calls in order, waiting for more, until the group is closed."""
+        self.run_until(None)
 
     def _run_queued(self, call, tag, future: Optional[Future], observers: tuple, issued_s: float) -> None:
         if call is None:  # an issued Work to wait for (``watch``), in ``tag``'s place
@@ -414,20 +407,24 @@ class Group:
         """True on this group's executor thread (inside a ``Work``'s future callback)."""
         return self._worker_ident == get_ident()
 
-    def run_until(self, future: Future) -> None:
-        """Run queued calls on this thread, in order, until ``future`` is done.
+    def run_until(self, future: Optional[Future]) -> None:
+        """Run queued calls on this thread, in order, until ``future`` is done (or nothing is queued).
 
         For ``Work.wait`` called inside a future callback, on the executor thread: the awaited call
         is queued behind the one whose callback is running, so waiting for the executor there would
-        wait for itself.  Running the queue here keeps the order and ends.
+        wait for itself.  Running the queue here keeps the order and ends.  With ``future`` ``None``
+        it is the executor's own loop (``_serve``): it waits for calls and ends when the group closes.
         """
-        while not future.done():
+        while future is None or not future.done():
             with self._lock:
+                if future is None:
+                    self._changed.wait_for(lambda: self._queue or self._closed)
                 if not self._queue:
                     return
                 item = self._queue.popleft()
                 self._changed.notify_all()
             self._run_queued(*item)
+            del item  # drop this task's buffers now, not when the next task arrives
 
     def close(self) -> None:
         """Cancel what is still queued, give a running call a bounded grace, release the communicator.

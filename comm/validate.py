@@ -229,7 +229,8 @@ def _run(plan: Plan, key, args: tuple, nbytes: int, numel: int, outputs: tuple, 
         return plan.record(args, nbytes, numel, outputs, copy_out, options)
     if key is not None and key[-1] is plan.dtype and options is None:
         WORLD.plans[key] = plan
-    return plan.run(args, nbytes, numel, outputs, copy_out, inputs, options)
+    return plan.run(args=args, nbytes=nbytes, numel=numel, outputs=outputs, copy_out=copy_out, inputs=inputs,
+                    options=options)
 
 
 def _timeout(timeout, what: str) -> Optional[float]:

@@ -45,6 +45,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ...ops.chunk import partition_bounds
 from ...ops.reduce import KERNELS, KERNELS_OUT
 from .. import shm
 from ..transport import PeerFailure, Transport
@@ -59,16 +60,6 @@ DIRECT_BYTES = 256 << 10
 #: combining it: small enough to stay in cache between the read and the combine, large enough that the
 #: calls' overhead stays small (1 MiB measured best of 256 KiB-2 MiB at 16 MiB, 2 ranks on 2 cores).
 BLOCK_BYTES = 1 << 20
-
-
-def _bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    base, extra = divmod(numel, parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (i < extra)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def _piece_bytes(a: shm.Arena, segment_bytes: int) -> int:
@@ -203,7 +194,7 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
         hi = min(numel, lo + piece)
         parts = slices.get(hi - lo)
         if parts is None:
-            parts = slices[hi - lo] = _bounds(hi - lo, n)
+            parts = slices[hi - lo] = partition_bounds(hi - lo, n)
         return lo, hi, parts
 
     def source(k: int, p: int) -> torch.Tensor:
@@ -296,7 +287,7 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
     block = max(1, BLOCK_BYTES // es)
     scratch = a.scratch(dtype, block) if addresses else None
     combine = KERNELS[op]
-    base, extra = numel // n, numel % n  # this rank's slice of _bounds(numel, n), without the list
+    base, extra = numel // n, numel % n  # this rank's slice of partition_bounds(numel, n), without the list
     s = r * base + (r if r < extra else extra)
     e = s + base + (r < extra)
     for b0 in range(s, e, block):
