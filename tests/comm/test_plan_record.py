@@ -104,12 +104,16 @@ def test_the_quick_test_refuses_what_may_differ_between_calls():
 
 
 def test_the_row_is_chosen_by_size_and_a_small_all_reduce_rides_in_its_check():
-    small = Row(most_bytes=16, algorithm="shm", function=_fn, checker=None, check=(1, ()), ride=("f", "sum"))
+    def in_segment(call, tag, deadline):  # the group's segment checker, which a riding call is checked by
+        return True
+
+    small = Row(most_bytes=16, algorithm="shm", function=_fn, checker=None, check=(1, ()),
+                ride=("f", "sum", in_segment))
     large = Row(most_bytes=plan_module.select.UNBOUNDED, algorithm="ring", function=_fn, checker=None,
-                check=(2, ()), ride=("f", "sum"))
+                check=(2, ()), ride=("f", "sum", in_segment))
     plan = _plan("all_reduce", "all_reduce", rows=(small, large))
     assert plan.run(torch.zeros(4)).algorithm == "shm"
     ridden = plan.run(torch.zeros(4))
-    assert ridden.ride == ("f", "sum") and ridden.checker is plan_module._RIDES_IN
+    assert ridden.ride == ("f", "sum", in_segment) and ridden.checker is in_segment
     big = plan.run(torch.zeros(plan_module._RIDE_BYTES // 4 + 1))
     assert big.algorithm == "ring" and big.ride is None and big.checker is None
