@@ -68,7 +68,7 @@ def shared_empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32,
     made: list = []
     # Planned like every call: a barrier-shaped cell of its own ("shm", checked as every "shm" call is).
     plan = special_plan(g, "barrier", torch.uint8, None, "shm", _allocate, False, "shared_empty")
-    plan.run((nbytes, made), 0, 0, ())
+    plan.run(args=(nbytes, made), nbytes=0, numel=0, outputs=())
     region = made[0]
     if region is None:
         return torch.empty(shape, dtype=dtype)
