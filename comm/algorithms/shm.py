@@ -31,7 +31,10 @@ reduce: large all_reduce's schedule without the heap, only the root copies out.
 reduce_scatter: round ``k`` copies piece ``k`` of every other rank's chunk in; sync; rank ``r``
   combines piece ``k`` of chunk ``r`` from every slot straight into its output.
 broadcast / scatter / all_gather / gather / all_to_all: writers copy piece ``k`` into their slot
-  (scatter, all_to_all: one region per destination); sync; readers copy it out.  One sync a round.
+  (scatter, all_to_all: one region per destination); sync; readers copy it out.  One sync a round, and each
+  round one call (``Arena.move_round``: the C op MOVE where ``_shmfast`` is built, else the same copies around
+  ``Arena.sync``), so a call that fits one piece (a slot; scatter, all_to_all: a slot's ``1/n`` per block) is one
+  round.  A small reduce is a small all_reduce's round whose non-root ranks only copy in (a MOVE round too).
 barrier: one sync.
 """
 from __future__ import annotations
@@ -147,6 +150,9 @@ def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, 
         if kind is not None:
             a.reduce_small_c(tensor, kind, FAST_OPS[op], deadline, what)
             return
+    if not out_ranks:  # a reduce's non-root: copy in, sync, nothing out (one C call where built)
+        a.move_round(((tensor.data_ptr(), 0, tensor.nbytes),), (), deadline, what)
+        return
     k = a.rounds.round
     a.rounds.round += 1
     mine = a.numpy_view(tensor)
@@ -450,29 +456,21 @@ def _reduce_scatter_direct(a: shm.Arena, output: torch.Tensor, input: torch.Tens
 
 # -- data movement -----------------------------------------------------------------------------------
 
-def _rounds(a: shm.Arena, nbytes: int, piece: int) -> tuple[int, int]:
-    rounds = -(-nbytes // piece)
-    first = a.rounds.round
-    a.rounds.round += rounds
-    return first, rounds
-
-
 def broadcast_shm(t: Transport, tensor: torch.Tensor, root: int, *, tag: int, deadline: Optional[float],
                   segment_bytes: int) -> None:
     """Copy ``root``'s flat ``tensor`` into every rank's: the root writes a piece, a sync, the rest read it."""
     if t.size == 1 or tensor.numel() == 0:
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
-    data, r = _bytes(tensor), t.rank
+    data, r, what = _bytes(tensor), t.rank, f"broadcast (tag {tag})"
+    nbytes, address = data.numel(), data.data_ptr()
     piece = _piece_bytes(a, segment_bytes)
-    first, rounds = _rounds(a, data.numel(), piece)
-    for k in range(rounds):
-        lo, hi = k * piece, min(data.numel(), (k + 1) * piece)
+    for lo in range(0, nbytes, piece):
+        span = min(nbytes - lo, piece)
         if r == root:
-            a.slot(first + k, root)[:hi - lo].copy_(data[lo:hi])
-        a.sync(deadline, f"broadcast (tag {tag})")
-        if r != root:
-            data[lo:hi].copy_(a.slot(first + k, root)[:hi - lo])
+            a.move_round(((address + lo, 0, span),), (), deadline, what)
+        else:
+            a.move_round((), ((address + lo, root, 0, span),), deadline, what)
 
 
 def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, readers: Sequence[int], tag: int,
@@ -497,15 +495,14 @@ def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, r
     if out is not None and len(readers) == n and m <= a.slot_bytes and a.gather_round(out, m, deadline, what):
         return  # one C round: copy in, sync, copy every peer's slot out
     piece = _piece_bytes(a, segment_bytes)
-    first, rounds = _rounds(a, m, piece)
-    for k in range(rounds):
-        lo, hi = k * piece, min(m, (k + 1) * piece)
-        a.slot(first + k, r)[:hi - lo].copy_(src[lo:hi])
-        a.sync(deadline, what)
-        if out is not None:
-            for p in range(n):
-                if p != r:
-                    out[p * m + lo:p * m + hi].copy_(a.slot(first + k, p)[:hi - lo])
+    source = src.data_ptr()
+    into = out.data_ptr() if out is not None else 0
+    writes = out is None or len(readers) > 1  # a lone reader (gather's root) needs no slot of its own
+    peers = [p for p in range(n) if p != r] if out is not None else []
+    for lo in range(0, m, piece):  # one round a piece: every writer copies in, sync, the readers copy out
+        span = min(m - lo, piece)
+        a.move_round(((source + lo, 0, span),) if writes else (),
+                     [(into + p * m + lo, p, 0, span) for p in peers], deadline, what)
 
 
 def all_gather_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, *, tag: int, deadline: Optional[float],
@@ -533,17 +530,15 @@ def scatter_shm(t: Transport, output: torch.Tensor, input: Optional[torch.Tensor
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     piece = max(1, _piece_bytes(a, segment_bytes) // n)
-    first, rounds = _rounds(a, m, piece)
-    for k in range(rounds):
-        lo, hi = k * piece, min(m, (k + 1) * piece)
+    what = f"scatter (tag {tag})"
+    into = out.data_ptr()
+    source = src.data_ptr() if src is not None else 0
+    for lo in range(0, m, piece):  # one round a piece: the root copies chunk p's piece into region p of its slot
+        span = min(m - lo, piece)
         if src is not None:
-            slot = a.slot(first + k, root)
-            for p in range(n):
-                if p != root:
-                    slot[p * piece:p * piece + hi - lo].copy_(src[p * m + lo:p * m + hi])
-        a.sync(deadline, f"scatter (tag {tag})")
-        if r != root:
-            out[lo:hi].copy_(a.slot(first + k, root)[r * piece:r * piece + hi - lo])
+            a.move_round([(source + p * m + lo, p * piece, span) for p in range(n) if p != root], (), deadline, what)
+        else:
+            a.move_round((), ((into + lo, root, r * piece, span),), deadline, what)
 
 
 def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_counts: Sequence[int],
@@ -565,23 +560,17 @@ def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_
     piece = max(1, _piece_bytes(a, segment_bytes) // n)
     parity = a.begin()
     a.publish(parity, 0, max((in_counts[j] * es for j in range(n) if j != r), default=0))
+    source, into = src.data_ptr(), out.data_ptr()
+    sends = [(j, in_at[j], in_counts[j] * es) for j in range(n) if j != r and in_counts[j]]
+    receives = [(j, out_at[j], out_counts[j] * es) for j in range(n) if j != r and out_counts[j]]
     rounds, k = 1, 0
-    while k < rounds:
-        index = a.rounds.round
-        a.rounds.round += 1
-        slot = a.slot(index, r)
+    while k < rounds:  # one round a piece of every block: copy in, sync, copy out (small calls: one round)
         lo = k * piece
-        for j in range(n):
-            hi = min(in_counts[j] * es, lo + piece)
-            if j != r and hi > lo:
-                slot[j * piece:j * piece + hi - lo].copy_(src[in_at[j] + lo:in_at[j] + hi])
-        a.sync(deadline, what)
+        a.move_round([(source + at + lo, j * piece, min(piece, size - lo)) for j, at, size in sends if size > lo],
+                     [(into + at + lo, j, r * piece, min(piece, size - lo)) for j, at, size in receives if size > lo],
+                     deadline, what)
         if k == 0:
             rounds = max(1, math.ceil(max(a.peer_word(parity, p, 0) for p in range(n)) / piece))
-        for j in range(n):
-            hi = min(out_counts[j] * es, lo + piece)
-            if j != r and hi > lo:
-                out[out_at[j] + lo:out_at[j] + hi].copy_(a.slot(index, j)[r * piece:r * piece + hi - lo])
         k += 1
 
 
