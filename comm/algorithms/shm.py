@@ -39,8 +39,8 @@ barrier: one sync.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
-import math
 import os
 import warnings
 from typing import Optional, Sequence
@@ -51,7 +51,6 @@ import torch
 from ...ops.reduce import KERNELS, KERNELS_OUT
 from .. import shm
 from ..transport import PeerFailure, Transport
-from .ring import _offsets  # the ring's prefix sums of per-rank counts
 
 #: all_reduce / reduce of at most this many bytes: one round, one sync, every rank reduces everything.
 SMALL_BYTES = 16 << 10
@@ -456,14 +455,22 @@ def _reduce_scatter_direct(a: shm.Arena, output: torch.Tensor, input: torch.Tens
 
 # -- data movement -----------------------------------------------------------------------------------
 
+def _copy(into: int, source: int, nbytes: int) -> None:
+    """``nbytes`` from address ``source`` to ``into`` in this process (this rank's own chunk of a data movement): a
+    ``memmove``, a fraction of a torch slice's and copy's cost on a few bytes; none where they are the same memory
+    (in place)."""
+    if nbytes and into != source:
+        ctypes.memmove(into, source, nbytes)
+
+
 def broadcast_shm(t: Transport, tensor: torch.Tensor, root: int, *, tag: int, deadline: Optional[float],
                   segment_bytes: int) -> None:
     """Copy ``root``'s flat ``tensor`` into every rank's: the root writes a piece, a sync, the rest read it."""
     if t.size == 1 or tensor.numel() == 0:
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
-    data, r, what = _bytes(tensor), t.rank, f"broadcast (tag {tag})"
-    nbytes, address = data.numel(), data.data_ptr()
+    r, what = t.rank, f"broadcast (tag {tag})"
+    nbytes, address = tensor.nbytes, tensor.data_ptr()  # flat and contiguous: its bytes from its first element's
     piece = _piece_bytes(a, segment_bytes)
     for lo in range(0, nbytes, piece):
         span = min(nbytes - lo, piece)
@@ -477,28 +484,27 @@ def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, r
             deadline, segment_bytes: int, what: str) -> None:
     """Every rank's ``input`` (``m`` bytes) into chunk ``rank`` of ``output`` on the ``readers``."""
     n, r = t.size, t.rank
-    src = _bytes(input)
-    m = src.numel()
-    out = _bytes(output) if r in readers else None
-    if out is not None and out[r * m:].data_ptr() != src.data_ptr():
-        out[r * m:(r + 1) * m].copy_(src)
+    m, source = input.nbytes, input.data_ptr()
+    reads = r in readers
+    into = output.data_ptr() if reads else 0
+    if reads:
+        _copy(into + r * m, source, m)
     if n == 1 or m == 0:
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     if a.cross_memory and m * n >= DIRECT_BYTES:  # readers copy each peer's input where it lies: no slot
-        parity, peers = _publish_address(a, src, deadline, what)
+        out = _bytes(output) if reads else None
+        parity, peers = _publish_address(a, _bytes(input), deadline, what)
         if out is not None:
             for p in peers:
                 _peer_read(a, parity, p, 0, out[p * m:(p + 1) * m], what)
         a.sync(deadline, what)  # no rank changes its input before every reader has it
         return
-    if out is not None and len(readers) == n and m <= a.slot_bytes and a.gather_round(out, m, deadline, what):
+    if reads and len(readers) == n and m <= a.slot_bytes and a.gather_round(output, m, deadline, what):
         return  # one C round: copy in, sync, copy every peer's slot out
     piece = _piece_bytes(a, segment_bytes)
-    source = src.data_ptr()
-    into = out.data_ptr() if out is not None else 0
-    writes = out is None or len(readers) > 1  # a lone reader (gather's root) needs no slot of its own
-    peers = [p for p in range(n) if p != r] if out is not None else []
+    writes = not reads or len(readers) > 1  # a lone reader (gather's root) needs no slot of its own
+    peers = [p for p in range(n) if p != r] if reads else []
     for lo in range(0, m, piece):  # one round a piece: every writer copies in, sync, the readers copy out
         span = min(m - lo, piece)
         a.move_round(((source + lo, 0, span),) if writes else (),
@@ -521,21 +527,18 @@ def scatter_shm(t: Transport, output: torch.Tensor, input: Optional[torch.Tensor
                 deadline: Optional[float], segment_bytes: int) -> None:
     """Rank ``r``'s ``output`` (``m``) ← chunk ``r`` of ``root``'s ``input`` (``n*m``; ``None`` elsewhere)."""
     n, r = t.size, t.rank
-    out = _bytes(output)
-    m = out.numel()
-    src = _bytes(input) if r == root else None
-    if src is not None and src[r * m:].data_ptr() != out.data_ptr():
-        out.copy_(src[r * m:(r + 1) * m])
+    m, into = output.nbytes, output.data_ptr()
+    source = input.data_ptr() if r == root else 0
+    if r == root:
+        _copy(into, source + r * m, m)
     if n == 1 or m == 0:
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     piece = max(1, _piece_bytes(a, segment_bytes) // n)
     what = f"scatter (tag {tag})"
-    into = out.data_ptr()
-    source = src.data_ptr() if src is not None else 0
     for lo in range(0, m, piece):  # one round a piece: the root copies chunk p's piece into region p of its slot
         span = min(m - lo, piece)
-        if src is not None:
+        if r == root:
             a.move_round([(source + p * m + lo, p * piece, span) for p in range(n) if p != root], (), deadline, what)
         else:
             a.move_round((), ((into + lo, root, r * piece, span),), deadline, what)
@@ -549,20 +552,31 @@ def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_
     destination; the number of rounds is agreed at the first sync (the largest block of any rank).
     """
     n, r, es = t.size, t.rank, input.element_size()
-    out, src = _bytes(output), _bytes(input)
-    out_at = [o * es for o in _offsets(out_counts)]
-    in_at = [o * es for o in _offsets(in_counts)]
-    out[out_at[r]:out_at[r] + out_counts[r] * es].copy_(src[in_at[r]:in_at[r] + in_counts[r] * es])
+    if out_counts[r] != in_counts[r]:
+        raise ValueError(f"rank {r}: all_to_all: this rank sends itself {in_counts[r]} elements but expects "
+                         f"{out_counts[r]} from itself")
+    source, into = input.data_ptr(), output.data_ptr()
+    sends, receives, most = [], [], 0  # (rank, byte offset, bytes) of every block to and from a peer
+    at_in = at_out = 0
+    for j in range(n):
+        size_in, size_out = in_counts[j] * es, out_counts[j] * es
+        if j == r:
+            _copy(into + at_out, source + at_in, size_in)
+        else:
+            if size_in:
+                sends.append((j, at_in, size_in))
+                most = size_in if size_in > most else most
+            if size_out:
+                receives.append((j, at_out, size_out))
+        at_in += size_in
+        at_out += size_out
     if n == 1:
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     what = f"all_to_all (tag {tag})"
     piece = max(1, _piece_bytes(a, segment_bytes) // n)
     parity = a.begin()
-    a.publish(parity, 0, max((in_counts[j] * es for j in range(n) if j != r), default=0))
-    source, into = src.data_ptr(), out.data_ptr()
-    sends = [(j, in_at[j], in_counts[j] * es) for j in range(n) if j != r and in_counts[j]]
-    receives = [(j, out_at[j], out_counts[j] * es) for j in range(n) if j != r and out_counts[j]]
+    a.publish(parity, 0, most)
     rounds, k = 1, 0
     while k < rounds:  # one round a piece of every block: copy in, sync, copy out (small calls: one round)
         lo = k * piece
@@ -570,7 +584,7 @@ def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_
                      [(into + at + lo, j, r * piece, min(piece, size - lo)) for j, at, size in receives if size > lo],
                      deadline, what)
         if k == 0:
-            rounds = max(1, math.ceil(max(a.peer_word(parity, p, 0) for p in range(n)) / piece))
+            rounds = max(1, -(-max(a.peer_word(parity, p, 0) for p in range(n)) // piece))
         k += 1
 
 
