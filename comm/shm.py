@@ -81,7 +81,7 @@ from .errors import UnsupportedError
 from .transport import PeerFailure, Transport
 
 try:
-    from . import _shmfast  # the small all_reduce's round in C, optional (see Arena.reduce_small_c)
+    from . import _shmfast  # rounds in C, optional (Arena.reduce_small_c, gather_round, move_round)
 except ImportError:
     _shmfast = None
 
