@@ -15,11 +15,11 @@ from .objects import (all_gather_object, broadcast_object_list, gather_object, g
                       scatter_object_list)
 from .profiler import Profiler, profile
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
-from .process_group import (GroupMember, configure, destroy_process_group, get_backend, get_default_algorithm,
-                            get_global_rank, get_group_rank, get_rank, get_world_size, group,
-                            init_process_group,
-                            is_available, is_initialized, new_group, new_subgroups, new_subgroups_by_enumeration,
-                            set_default_algorithm, which_algorithm)
+from .process_group import init_process_group
+from .settings import configure, get_default_algorithm, set_default_algorithm, which_algorithm
+from .world import (GroupMember, destroy_process_group, get_backend, get_global_rank, get_group_rank, get_rank,
+                    get_world_size, group, is_available, is_initialized, new_group, new_subgroups,
+                    new_subgroups_by_enumeration)
 from .reduce_op import ReduceOp
 from .shm_heap import shared_empty
 from .work import Work

@@ -57,7 +57,7 @@ def leave(group, tag: Optional[int], collective: str, timed_out: bool) -> None:
     communicator = group.communicator
     if communicator is None:
         return
-    seq = (tag - USER_TAG_LIMIT) if tag is not None else group._seq
+    seq = (tag - USER_TAG_LIMIT) if tag is not None else group.seq
     code = encode(seq, collective, timed_out)
     arena = communicator.local.arena
     if arena is not None:

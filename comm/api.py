@@ -4,42 +4,101 @@ Every call takes one route (see the note in ``plan.py``): the cell's plan -- loo
 arguments as passed, or made by ``validate``'s full checks on the cell's first call -- makes the
 call's record and runs it through its group (``Group.run``), inline for a blocking call with
 nothing queued, issued to the backend or queued on the group's executor otherwise, returning
-``None`` or a ``Work``.  A later call of the cell checks here only what may differ between its
-calls (tensor type, layout, device, contiguity and size); one that fails that goes through the
-full checks, which raise the typed error naming what is wrong.  zerocomm's own options are
-keyword-only after torch's parameters: ``algorithm=`` (one of
+``None`` or a ``Work``.  A later call of the cell is checked only for what may differ between its
+calls (tensor type, layout, device, contiguity and size: ``Plan.run``'s quick test); one that fails
+that goes through the full checks, which raise the typed error naming what is wrong.
+zerocomm's own options are keyword-only after torch's parameters: ``algorithm=`` (one of
 ``comm.algorithms.ALGORITHM_CHOICES``: "native", "ring", "tree", "recursive_doubling", "shm",
-"hierarchical", or "auto",
-the default) and, for all_reduce, ``compression="onebit"``.
+"hierarchical", or "auto", the default) and, for all_reduce, ``compression="onebit"``.
+
+[Note: one table]  Each public function does what one of NCCL's ``collectives.cc`` functions does:
+it fills in its cell's key (its name, the arguments as passed that decide how it runs, the key
+tensor's dtype: the ``key`` column of :data:`COLLECTIVES`) and hands its tensors to the cell's
+plan -- ``Plan.run``, the one fast path, which reads them by the collective's argument roles (the
+``tensors`` column; ``plan.QUICK``).  Whatever is not a cache hit goes to :func:`_full`, the one
+slow path: the row's full checks, then ``staging.retry`` where they refuse the tensors.  The
+bodies repeat no check and make no record; the key literal stays in each because a tuple display
+costs no Python call, where a builder shared through the table would cost one per collective call
+(``tests/benchmarks/test_call_counts.py`` holds the count).
 
 List arguments (``gather_list``, ``scatter_list``, ``all_gather``'s ``tensor_list``,
 ``reduce_scatter``'s ``input_list``, ``all_to_all``'s lists) travel packed in one flat
 buffer and are copied back to the list after the collective, by whichever thread ran it,
 so ``async_op=True`` stays asynchronous; their tensors may be strided.  A single tensor that
 is not contiguous (``x.t()``, ``x[:, ::2]``) is refused by the full checks with an
-``UnsupportedError`` that the ``except`` below hands to ``staging.retry``: the call runs on a
+``UnsupportedError`` that :func:`_full` hands to ``staging.retry``: the call runs on a
 contiguous copy and the result is written back into the caller's tensor, strides kept (for
 ``async_op=True``, when the returned ``Work`` completes).
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, NamedTuple, Optional
 
 import torch
 
 from . import staging, validate
 from .errors import UnsupportedError
 from .group import WORLD
+from .plan import MISS
 from .reduce_op import ReduceOp
 from .traffic import TrafficCounter, observing
 from .validate import resolve_group  # noqa: F401  (p2p and objects resolve groups the same way)
 
 #: Plans by the arguments as passed (see ``plan.py``): a dictionary subscript, no call.
 _PLANS = WORLD.plans
-_Tensor = torch.Tensor
-_strided = torch.strided
 #: The default op, keyed by name: hashing a ``ReduceOp`` costs a fifth of a microsecond (pybind11's hash).
 _SUM = ReduceOp.SUM
+
+
+class Collective(NamedTuple):
+    """One row of :data:`COLLECTIVES` (NCCL's ``ncclInfo``): what the one route knows of a public collective."""
+
+    name: str
+    """The public name: the first item of its plan key, and how ``staging`` and the profiler know it."""
+    public: Callable
+    """The public function (``staging.retry`` calls it again on copies it can move)."""
+    checks: Callable
+    """``validate``'s full checks: the public arguments in order, then the plan key; they make the cell's plan
+    (kept under the key) and run the call through it, or raise the typed error."""
+    tensors: str
+    """The tensor arguments a cache hit hands to ``Plan.run`` for its quick test, by name: one (in place), or the
+    output and the input (``plan.QUICK`` says which holds ``n`` times the other); "" where lists are packed by the
+    full checks on every call (no plan is looked up)."""
+    key: tuple
+    """The arguments that make up the plan key after the name (then the dtype of the last tensor of ``tensors``)."""
+
+
+class _Unplanned:
+    """The plan of a key with none yet (or no key: not a tensor, an unhashable argument): every call misses."""
+
+    __slots__ = ()
+
+    def run(self, output, input=None):
+        return MISS
+
+
+_NO_PLAN = _Unplanned()
+#: A key with no plan (``KeyError``), a tensor argument that is not one (``AttributeError``: no ``dtype``), an
+#: unhashable argument (``TypeError``): the full checks say what.
+_UNPLANNED = (KeyError, AttributeError, TypeError)
+
+
+def _full(name: str, key, *args, **options):
+    """The full checks of collective ``name`` (:data:`COLLECTIVES`) with its public ``args`` and keyword
+    ``options`` (in the signature's order), which keep the cell's plan under ``key`` and run the call; tensors they
+    refuse with an ``UnsupportedError`` (CUDA tensors on a CPU backend, tensors not contiguous) go through copies
+    (``staging.retry``)."""
+    collective = COLLECTIVES[name]
+    if key is not None:
+        try:
+            hash(key)
+        except TypeError:  # an unhashable argument: nothing can be kept under the key
+            key = None
+    try:
+        return collective.checks(*args, *options.values(), key)
+    except UnsupportedError as error:
+        group_at = staging.ROLES[name][2]  # then async_op
+        return staging.retry(error, collective.public, args, options, args[group_at], args[group_at + 1])
 
 
 def count_bytes():
@@ -58,23 +117,15 @@ def count_bytes():
 def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group=None, async_op: bool = False,
               group_src: Optional[int] = None, *, algorithm: Optional[str] = None):
     """Copy ``src``'s ``tensor`` into ``tensor`` on every rank of ``group``. Every member calls it."""
+    key = None
     try:
-        key = ("broadcast", group, src, group_src, async_op, algorithm, tensor.dtype)
-        plan = _PLANS[key]
-    except KeyError:
-        plan = None
-    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: the full checks say what
-        key = plan = None
-    if plan is not None and type(tensor) is _Tensor and tensor.layout is _strided \
-            and (tensor.is_cpu if plan.on_cpu else tensor.is_cuda) and tensor.is_contiguous():
-        nbytes = tensor.nbytes
-        return plan.run((tensor if tensor.ndim == 1 else tensor.view(-1), plan.root), nbytes, nbytes // plan.itemsize,
-                        (tensor,))
-    try:
-        return validate.broadcast(tensor, src, group, async_op, group_src, algorithm, key)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, broadcast, (tensor, src, group, async_op, group_src),
-                             {"algorithm": algorithm}, group, async_op)
+        plan = _PLANS[key := ("broadcast", group, src, group_src, async_op, algorithm, tensor.dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(tensor)
+    if done is MISS:
+        return _full("broadcast", key, tensor, src, group, async_op, group_src, algorithm=algorithm)
+    return done
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, algorithm: Optional[str] = None,
@@ -85,46 +136,32 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, *, a
     mean) with the caller's ``compression_state`` (a ``zerocomm.ops.ErrorFeedback``, one per tensor);
     ``algorithm`` then names the algorithm of its two sub-collectives ("native", "ring" or "tree").
     """
+    key = None
     try:
-        key = ("all_reduce", group, "sum" if op is _SUM else op, async_op, algorithm, compression, tensor.dtype)
-        plan = _PLANS[key]
-    except KeyError:
-        plan = None
-    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: the full checks say what
-        key = plan = None
-    if plan is not None and type(tensor) is _Tensor and tensor.layout is _strided \
-            and (tensor.is_cpu if plan.on_cpu else tensor.is_cuda) and tensor.is_contiguous():
-        nbytes = tensor.nbytes
-        return plan.run((tensor if tensor.ndim == 1 else tensor.view(-1), plan.op), nbytes, nbytes // plan.itemsize,
-                        (tensor,))
-    try:
-        return validate.all_reduce(tensor, op, group, async_op, algorithm, compression, compression_state, key)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, all_reduce, (tensor, op, group, async_op),
-                             {"algorithm": algorithm, "compression": compression,
-                              "compression_state": compression_state}, group, async_op)
+        plan = _PLANS[key := ("all_reduce", group, "sum" if op is _SUM else op, async_op, algorithm, compression,
+                              tensor.dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(tensor)
+    if done is MISS:
+        return _full("all_reduce", key, tensor, op, group, async_op, algorithm=algorithm, compression=compression,
+                     compression_state=compression_state)
+    return done
 
 
 def reduce(tensor: torch.Tensor, dst: Optional[int] = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
            group_dst: Optional[int] = None, *, algorithm: Optional[str] = None):
     """Reduce ``tensor`` across ``group`` into ``dst``'s ``tensor``; other ranks' tensors are left unchanged."""
+    key = None
     try:
-        key = ("reduce", group, dst, group_dst, "sum" if op is _SUM else op, async_op, algorithm, tensor.dtype)
-        plan = _PLANS[key]
-    except KeyError:
-        plan = None
-    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: the full checks say what
-        key = plan = None
-    if plan is not None and type(tensor) is _Tensor and tensor.layout is _strided \
-            and (tensor.is_cpu if plan.on_cpu else tensor.is_cuda) and tensor.is_contiguous():
-        nbytes = tensor.nbytes
-        return plan.run((tensor if tensor.ndim == 1 else tensor.view(-1), plan.op, plan.root), nbytes,
-                        nbytes // plan.itemsize, (tensor,))
-    try:
-        return validate.reduce(tensor, dst, op, group, async_op, group_dst, algorithm, key)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, reduce, (tensor, dst, op, group, async_op, group_dst),
-                             {"algorithm": algorithm}, group, async_op)
+        plan = _PLANS[key := ("reduce", group, dst, group_dst, "sum" if op is _SUM else op, async_op, algorithm,
+                              tensor.dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(tensor)
+    if done is MISS:
+        return _full("reduce", key, tensor, dst, op, group, async_op, group_dst, algorithm=algorithm)
+    return done
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *,
@@ -134,89 +171,53 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     ``output_tensor`` holds ``world_size * input_tensor.numel()`` elements (shape ``(n*k, ...)`` or ``(n, k, ...)``);
     ``input_tensor`` may be this rank's chunk of it (in place).
     """
+    key = None
     try:
-        key = ("all_gather_into_tensor", group, async_op, algorithm, input_tensor.dtype)
-        plan = _PLANS[key]
-    except KeyError:
-        plan = None
-    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: the full checks say what
-        key = plan = None
-    if plan is not None and type(output_tensor) is _Tensor and type(input_tensor) is _Tensor \
-            and output_tensor.dtype is plan.dtype and output_tensor.layout is _strided \
-            and input_tensor.layout is _strided and output_tensor.nbytes == plan.size * input_tensor.nbytes \
-            and (input_tensor.is_cpu and output_tensor.is_cpu if plan.on_cpu
-                 else input_tensor.is_cuda and output_tensor.is_cuda) \
-            and input_tensor.is_contiguous() and output_tensor.is_contiguous():
-        return plan.run((output_tensor if output_tensor.ndim == 1 else output_tensor.view(-1),
-                         input_tensor if input_tensor.ndim == 1 else input_tensor.view(-1)), output_tensor.nbytes,
-                        input_tensor.nbytes // plan.itemsize, (output_tensor,), (), (input_tensor,))
-    try:
-        return validate.all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorithm, key)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, all_gather_into_tensor, (output_tensor, input_tensor, group, async_op),
-                             {"algorithm": algorithm}, group, async_op)
+        plan = _PLANS[key := ("all_gather_into_tensor", group, async_op, algorithm, input_tensor.dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(output_tensor, input_tensor)
+    if done is MISS:
+        return _full("all_gather_into_tensor", key, output_tensor, input_tensor, group, async_op, algorithm=algorithm)
+    return done
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm: Optional[str] = None):
     """``tensor_list[r]`` ← rank r's ``tensor``, on every rank. Every member calls it."""
-    try:
-        return validate.all_gather(tensor_list, tensor, group, async_op, algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, all_gather, (tensor_list, tensor, group, async_op),
-                             {"algorithm": algorithm}, group, async_op)
+    return _full("all_gather", None, tensor_list, tensor, group, async_op, algorithm=algorithm)
 
 
 def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = None, dst: Optional[int] = None,
            group=None, async_op: bool = False, group_dst: Optional[int] = None, *, algorithm: Optional[str] = None):
     """``gather_list[r]`` on ``dst`` ← rank r's ``tensor``; ``gather_list`` is given on ``dst`` only."""
-    try:
-        return validate.gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, gather, (tensor, gather_list, dst, group, async_op, group_dst),
-                             {"algorithm": algorithm}, group, async_op)
+    return _full("gather", None, tensor, gather_list, dst, group, async_op, group_dst, algorithm=algorithm)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = None, src: Optional[int] = None,
             group=None, async_op: bool = False, group_src: Optional[int] = None, *, algorithm: Optional[str] = None):
     """Rank r's ``tensor`` ← ``scatter_list[r]`` on ``src``; ``scatter_list`` is given on ``src`` only."""
-    try:
-        return validate.scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, scatter, (tensor, scatter_list, src, group, async_op, group_src),
-                             {"algorithm": algorithm}, group, async_op)
+    return _full("scatter", None, tensor, scatter_list, src, group, async_op, group_src, algorithm=algorithm)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
                           algorithm: Optional[str] = None):
     """``output`` on rank r ← chunk r of the ``op``-reduction of every rank's ``input`` (``n * output.numel()`` elements)."""
+    key = None
     try:
-        key = ("reduce_scatter_tensor", group, "sum" if op is _SUM else op, async_op, algorithm, input.dtype)
-        plan = _PLANS[key]
-    except KeyError:
-        plan = None
-    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: the full checks say what
-        key = plan = None
-    if plan is not None and type(output) is _Tensor and type(input) is _Tensor and output.dtype is plan.dtype \
-            and output.layout is _strided and input.layout is _strided and input.nbytes == plan.size * output.nbytes \
-            and (input.is_cpu and output.is_cpu if plan.on_cpu else input.is_cuda and output.is_cuda) \
-            and input.is_contiguous() and output.is_contiguous():
-        return plan.run((output if output.ndim == 1 else output.view(-1), input if input.ndim == 1 else input.view(-1),
-                         plan.op), input.nbytes, output.nbytes // plan.itemsize, (output,), (), (input,))
-    try:
-        return validate.reduce_scatter_tensor(output, input, op, group, async_op, algorithm, key)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, reduce_scatter_tensor, (output, input, op, group, async_op),
-                             {"algorithm": algorithm}, group, async_op)
+        plan = _PLANS[key := ("reduce_scatter_tensor", group, "sum" if op is _SUM else op, async_op, algorithm,
+                              input.dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(output, input)
+    if done is MISS:
+        return _full("reduce_scatter_tensor", key, output, input, op, group, async_op, algorithm=algorithm)
+    return done
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
                    algorithm: Optional[str] = None):
     """``output`` on rank r ← the ``op``-reduction over ranks of their ``input_list[r]``."""
-    try:
-        return validate.reduce_scatter(output, input_list, op, group, async_op, algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, reduce_scatter, (output, input_list, op, group, async_op),
-                             {"algorithm": algorithm}, group, async_op)
+    return _full("reduce_scatter", None, output, input_list, op, group, async_op, algorithm=algorithm)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
@@ -225,23 +226,14 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
     Without split sizes, dim 0 is divided evenly by the group size.
     """
-    try:
-        return validate.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op,
-                                          algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, all_to_all_single,
-                             (output, input, output_split_sizes, input_split_sizes, group, async_op),
-                             {"algorithm": algorithm}, group, async_op)
+    return _full("all_to_all_single", None, output, input, output_split_sizes, input_split_sizes, group, async_op,
+                 algorithm=algorithm)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False, *,
                algorithm: Optional[str] = None):
     """``output_tensor_list[j]`` on rank r ← ``input_tensor_list[r]`` of rank j (sizes may differ per pair)."""
-    try:
-        return validate.all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm)
-    except UnsupportedError as error:  # CUDA tensors on a CPU backend, tensors not contiguous: copies (staging.py)
-        return staging.retry(error, all_to_all, (output_tensor_list, input_tensor_list, group, async_op),
-                             {"algorithm": algorithm}, group, async_op)
+    return _full("all_to_all", None, output_tensor_list, input_tensor_list, group, async_op, algorithm=algorithm)
 
 
 def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None, *, algorithm: Optional[str] = None):
@@ -267,3 +259,25 @@ def compressed_all_reduce(tensor: torch.Tensor, state, group=None, async_op: boo
 #: torch 2.13's new names for the tensor forms (the old ones still work, as in torch).
 all_gather_single = all_gather_into_tensor
 reduce_scatter_single = reduce_scatter_tensor
+
+
+#: The collectives with tensors, one row each (see the module's note): what each public function's key holds,
+#: the argument roles of its cache hit, and its full checks.
+COLLECTIVES = {row.name: row for row in (
+    Collective("broadcast", broadcast, validate.broadcast, "tensor",
+               ("group", "src", "group_src", "async_op", "algorithm")),
+    Collective("all_reduce", all_reduce, validate.all_reduce, "tensor",
+               ("group", "op", "async_op", "algorithm", "compression")),
+    Collective("reduce", reduce, validate.reduce, "tensor",
+               ("group", "dst", "group_dst", "op", "async_op", "algorithm")),
+    Collective("all_gather_into_tensor", all_gather_into_tensor, validate.all_gather_into_tensor,
+               "output_tensor, input_tensor", ("group", "async_op", "algorithm")),
+    Collective("reduce_scatter_tensor", reduce_scatter_tensor, validate.reduce_scatter_tensor, "output, input",
+               ("group", "op", "async_op", "algorithm")),
+    Collective("all_gather", all_gather, validate.all_gather, "", ()),
+    Collective("gather", gather, validate.gather, "", ()),
+    Collective("scatter", scatter, validate.scatter, "", ()),
+    Collective("reduce_scatter", reduce_scatter, validate.reduce_scatter, "", ()),
+    Collective("all_to_all_single", all_to_all_single, validate.all_to_all_single, "", ()),
+    Collective("all_to_all", all_to_all, validate.all_to_all, "", ()),
+)}

@@ -43,9 +43,11 @@ import torch
 import torch.distributed as td
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import api, compat, environment, objects, p2p, staging
+from . import api, compat, environment, objects, p2p, staging, topology
+from .backends import backend_class
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import WORLD, Group
+from .validate import resolve_group
 from .work import Work
 
 BACKEND_NAME = "zerocomm"
@@ -150,8 +152,7 @@ def create(dist_backend_opts, pg_options) -> "ZerocommProcessGroup":
     timeout = dist_backend_opts.timeout
     name = f"c10d-{dist_backend_opts.group_id}"
     if transport == "gloo":
-        from .backends.gloo import GlooBackend
-        communicator = GlooBackend(td.PrefixStore("zerocomm/", store), rank, size, timeout)
+        communicator = backend_class("gloo")(td.PrefixStore("zerocomm/", store), rank, size, timeout)
     else:
         communicator = _mpi_communicator(store, rank, size, name)
     ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(size))
@@ -169,14 +170,13 @@ def _split_of_owner(dist_backend_opts, options: Options) -> "ZerocommProcessGrou
     name = f"c10d-{dist_backend_opts.group_id}"
     timeout = dist_backend_opts.timeout
     communicator = world.communicator.split(ranks, name, deadline=time.monotonic() + timeout.total_seconds())
-    from . import topology
     topology.inherit(communicator, world.communicator, ranks)
-    group = Group(ranks, dist_backend_opts.group_rank, communicator, timeout, world.backend, name)
+    # Registered as new_group registers its groups: destroy_process_group() closes it with the world's other groups.
+    group = WORLD.add_group(ranks, dist_backend_opts.group_rank, communicator, timeout, world.backend, name)
     if world.twin_backend is not None:  # a world for CPU and CUDA tensors: its groups move both
         staging.offer_cuda_twin(group, communicator.store, objects.all_gather_object, world.twin_backend,
                                 world.backend_string)
     group.handle = ZerocommProcessGroup(group, options.algorithm, str(dist_backend_opts.group_id))
-    WORLD.groups[name] = group  # destroy_process_group() closes it with the world's other groups
     return group.handle
 
 
@@ -195,7 +195,6 @@ def as_process_group(group=None) -> "ZerocommProcessGroup":
     this also takes a ``Group`` or None.  torch's registry does not know it, so torch functions that look a
     group up there (``torch.distributed.get_rank(pg)``, ``DeviceMesh``, FSDP2, ``ZeroRedundancyOptimizer``)
     need a group made by ``init_process_group("zerocomm")`` or ``new_group(backend="zerocomm")`` instead."""
-    from .validate import resolve_group
     return handle_of(resolve_group(group, "as_process_group"))
 
 

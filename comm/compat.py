@@ -139,7 +139,7 @@ def _then(works: List[Work], finish, description: str, outputs) -> Work:
         else:
             future.set_exception(error)
 
-    works[-1]._future.add_done_callback(_settle)
+    works[-1].add_done_callback(_settle)
     return Work(description, future, outputs)
 
 

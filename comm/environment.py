@@ -6,7 +6,7 @@ these: a test holds them to this table).  ``init_process_group`` turns the confi
 program may change them between groups: ``ZEROCOMM_HOST`` when a group learns its hosts, ``ZEROCOMM_TRANSPORT``
 when torch makes a "zerocomm" group, and torch's ``GLOO_SOCKET_IFNAME`` whenever a gloo communicator is made
 (torch reads it at each ``ProcessGroupGloo`` too).  Launchers' variables (torchrun's ``RANK``..., Slurm's, MPI's)
-are read by the modules that speak for each launcher (``process_group.py``, ``slurm.py``, ``backends``).
+are read by the modules that speak for each launcher (``bootstrap.py``, ``slurm.py``, ``backends``).
 """
 from __future__ import annotations
 

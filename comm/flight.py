@@ -11,8 +11,8 @@ in place, under the group's lock and without a lock of its own::
 ``nbytes`` its size (``Call.nbytes``), ``code``/``lasti`` the code object and
 instruction offset of the caller's frame: the first frame outside the library (:func:`outside`), resolved
 to ``file:line`` only when a record is read.  A record's state is not written per call either: the group
-notes the tag of the call it started and of the last one it completed (``Group._flight_started`` and
-``_flight_done``; its calls run in order), and :func:`state` derives queued / started / completed / failed
+notes the tag of the call it started and of the last one it completed (``Group.flight_started`` and
+``flight_done``; its calls run in order), and :func:`state` derives queued / started / completed / failed
 from them.  The cost per call is one ``sys._getframe`` and a tuple (measured by ``tests/support/flight_cost.py``;
 docs/failures.md).
 
@@ -35,6 +35,8 @@ import time
 from typing import Dict, List, Optional
 
 from . import best_effort, environment
+from .algorithms import ALGORITHM_NAMES, COLLECTIVES
+from .reduce_op import SUPPORTED_DTYPES
 from .transport import USER_TAG_LIMIT
 
 #: Calls each group keeps (a power of two: a call's slot is ``seq & MASK``).
@@ -139,9 +141,9 @@ def state(group, record: tuple) -> str:
     """A record's state, from the group's marks: the calls of a group run in order."""
     span = group.TAG_SPAN
     tag = USER_TAG_LIMIT + record[0] % span  # the call's tag, as Group.run gave it
-    if _reached(group._flight_done, tag, span):
+    if _reached(group.flight_done, tag, span):
         return COMPLETED
-    started = group._flight_started
+    started = group.flight_started
     if started == tag:
         return FAILED if group.failure is not None else STARTED
     if _reached(started, tag, span):  # a later call started: this one was issued to the backend
@@ -154,9 +156,9 @@ def records(group) -> List[tuple]:
     ring = group.flight
     if ring is None:
         return []
-    last = group._seq
+    last = group.seq
     found = []
-    for seq in range(max(last - RING + 1, group._flight_origin + 1), last + 1):
+    for seq in range(max(last - RING + 1, group.flight_origin + 1), last + 1):
         record = ring[seq & MASK]
         if record is not None and record[0] == seq:
             found.append(record)
@@ -166,8 +168,6 @@ def records(group) -> List[tuple]:
 def cell(check: tuple) -> tuple:
     """``(collective, dtype, itemsize, algorithm)`` of a recorded ``Call.check`` (``check.fingerprint_cell``'s
     integers; an internal call without one reads "internal")."""
-    from .algorithms import ALGORITHM_NAMES, COLLECTIVES
-    from .reduce_op import SUPPORTED_DTYPES
     if not check[1]:
         return "internal", "uint8", 1, "?"
     collective, _, dtype_id, _, algorithm = check[1]
@@ -181,7 +181,7 @@ def as_row(group, record: tuple) -> list:
     ``nbytes`` over the dtype's size)."""
     seq, check, nbytes, code, lasti = record
     collective, dtype, itemsize, algorithm = cell(check)
-    return [seq - group._flight_origin, collective, nbytes, nbytes // itemsize, dtype, algorithm,
+    return [seq - group.flight_origin, collective, nbytes, nbytes // itemsize, dtype, algorithm,
             state(group, record), where(code, lasti)]
 
 
@@ -192,8 +192,8 @@ def head(groups) -> Dict[str, list]:
         ring = group.flight
         if ring is None:
             continue
-        seq = group._seq
-        if seq == group._flight_origin:  # no call yet
+        seq = group.seq
+        if seq == group.flight_origin:  # no call yet
             continue
         record = ring[seq & MASK]
         if record is None or record[0] != seq:  # being written now: the one before

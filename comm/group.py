@@ -33,6 +33,7 @@ import torch
 from . import abandon, check, flight, shm
 from .config import CommConfig
 from .errors import CollectiveMismatchError, CommError, CommTimeoutError, NotInitializedError, PeerError
+from .traffic import run_observed
 from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import IssuedWork, Work
 
@@ -209,18 +210,34 @@ class Group:
         work.wait()
         return None
 
+    @property
+    def seq(self) -> int:
+        """The sequence number of the last call issued on this group (its tag is ``USER_TAG_LIMIT + seq %
+        TAG_SPAN``); the communicator's ``tag_origin`` before the first."""
+        return self._seq
+
+    @property
+    def flight_origin(self) -> int:
+        """:attr:`seq` when the group was made: the flight recorder counts the group's calls from it."""
+        return self._flight_origin
+
+    @property
+    def flight_started(self) -> Optional[int]:
+        """The tag of the last call that started to run (``None``: none yet), for the flight recorder."""
+        return self._flight_started
+
+    @property
+    def flight_done(self) -> Optional[int]:
+        """The tag of the last call that completed (``None``: none yet), for the flight recorder."""
+        return self._flight_done
+
     def watch(self, work: IssuedWork) -> None:
         """Have the executor wait for an issued ``work`` and settle it there (its future's callbacks then run on
         the executor, as every other ``Work``'s do).  Queued like a call: calls issued later wait behind it."""
         with self._lock:
             if self._closed:
-                try:
-                    work._once.pop()
-                except IndexError:  # settled by now
-                    return
-                work._error = CommError(f"rank {self.my_global_rank}: {work._call.collective} on {self.describe()} "
-                                        f"was abandoned: the group was destroyed before it completed")
-                work._finish()
+                work.fail(CommError(f"rank {self.my_global_rank}: {work.collective} on {self.describe()} "
+                                    f"was abandoned: the group was destroyed before it completed"))
                 return
             self._queue.append((None, work, None, (), 0.0))
             self._pending += 1
@@ -265,11 +282,9 @@ class Group:
             checker = call.checker
             if checker is not None and checker(call, tag, deadline):  # the all_reduce rode in the check
                 if observers:  # they still see the call
-                    from .traffic import run_observed
                     run_observed(observers, call._replace(function=_already_done), tag, deadline, self.segment_bytes,
                                  issued_s, ridden=True)
             elif observers:
-                from .traffic import run_observed
                 run_observed(observers, call, tag, deadline, self.segment_bytes, issued_s)
             elif call.options is None:  # the common case, without a further Python call
                 if issue is None:
@@ -279,7 +294,7 @@ class Group:
                     posted = issue(self.communicator, *call.args, tag=tag, deadline=deadline,
                                    segment_bytes=self.segment_bytes)
             else:
-                self._call(call, tag, deadline, self.segment_bytes)
+                self.invoke(call, tag, deadline, self.segment_bytes)
             if checker is self._arms_first_sync:
                 self.check.settle(call, deadline)
         except (TimeoutError, PeerFailure, shm.CallMismatch) as error:
@@ -306,11 +321,15 @@ class Group:
         except (TimeoutError, PeerFailure) as failure:  # the all-gather naming them: a peer had left
             error = failure
         if isinstance(error, TimeoutError):
-            return self._timed_out(call.collective, seconds, error, start, tag)
-        return self._peer_failed(call.collective, error, tag)
+            return self.timed_out(call.collective, seconds, error, start, tag)
+        return self.peer_failed(call.collective, error, tag)
 
-    def _timed_out(self, collective: str, seconds: float, error: TimeoutError, start: float,
-                   tag: Optional[int] = None) -> CommError:
+    def timed_out(self, collective: str, seconds: float, error: TimeoutError, start: float,
+                  tag: Optional[int] = None) -> CommError:
+        """The ``CommTimeoutError`` of ``collective`` (its ``tag``; ``None``: the last call issued), which waited
+        from ``start`` (``time.monotonic()``) against a deadline of ``seconds`` and ended with ``error``; the group
+        is marked failed (and the call abandoned, for its peers) as for every failure.  For the group's own runs
+        and for an issued ``Work`` settled on the caller's thread (``work.IssuedWork``)."""
         # The time stated is the time this call waited, measured, with the deadline beside it.
         return self._failed(CommTimeoutError(
             f"rank {self.my_global_rank}: {collective} on {self.describe()} timed out after "
@@ -319,7 +338,9 @@ class Group:
             f"{abandon.notes(self, None) if self.failure is None else ''}."
             f"{flight.note(self, collective)}"), collective, tag, True)
 
-    def _peer_failed(self, collective: str, failure: PeerFailure, tag: Optional[int] = None) -> CommError:
+    def peer_failed(self, collective: str, failure: PeerFailure, tag: Optional[int] = None) -> CommError:
+        """The ``PeerError`` of ``collective`` (its ``tag``) that ended with ``failure`` (naming the peer, and how
+        it left where it said so); the group is marked failed as by :meth:`timed_out`."""
         if failure.abandoned is not None:  # the peer marked the call abandoned as it left (abandon.py)
             why = (f"{self.peer_name(failure.peer)} left {abandon.describe(failure.abandoned)}, so this call "
                    f"cannot complete on any rank")
@@ -342,7 +363,10 @@ class Group:
             flight.failed(self, str(error))  # ZEROCOMM_FLIGHT_DUMP: this rank's record, now
         return error
 
-    def _call(self, call, tag: int, deadline: float, segment_bytes: int, communicator=None) -> None:
+    def invoke(self, call, tag: int, deadline: float, segment_bytes: int, communicator=None) -> None:
+        """Run ``call``'s function on ``communicator`` (default: the group's) with ``tag`` and ``deadline``, as the
+        group runs every call once its check passed: no typing of errors, no ordering (``run`` does both; an
+        observer that counts bytes passes its counting transport, ``traffic.run_observed``)."""
         if call.options is None:
             call.function(communicator or self.communicator, *call.args, tag=tag, deadline=deadline,
                           segment_bytes=segment_bytes)
@@ -356,28 +380,15 @@ class Group:
                       else m.group(0), str(error))
 
     def _serve(self) -> None:
-        while True:
-            with self._lock:
-                self._changed.wait_for(lambda: self._queue or self._closed)
-                if not self._queue:
-                    return
-                item = self._queue.popleft()
-                self._changed.notify_all()
-            self._run_queued(*item)
-            del item  # drop this task's buffers now, not when the next task arrives
+        """The executor thread: queued calls in order, waiting for more, until the group is closed."""
+        self.run_until(None)
 
     def _run_queued(self, call, tag, future: Optional[Future], observers: tuple, issued_s: float) -> None:
         if call is None:  # an issued Work to wait for (``watch``), in ``tag``'s place
             try:
-                tag._settle(None)
+                tag.settle(None)
             except BaseException as error:  # a local error of the backend's wait: the Work holds it
-                try:
-                    tag._once.pop()
-                except IndexError:
-                    pass
-                else:
-                    tag._error = error
-                    tag._finish()
+                tag.fail(error)
         elif future.set_running_or_notify_cancel():
             try:
                 if self.failure is not None:  # queued before an earlier call failed: it must not move a byte
@@ -396,20 +407,24 @@ class Group:
         """True on this group's executor thread (inside a ``Work``'s future callback)."""
         return self._worker_ident == get_ident()
 
-    def run_until(self, future: Future) -> None:
-        """Run queued calls on this thread, in order, until ``future`` is done.
+    def run_until(self, future: Optional[Future]) -> None:
+        """Run queued calls on this thread, in order, until ``future`` is done (or nothing is queued).
 
         For ``Work.wait`` called inside a future callback, on the executor thread: the awaited call
         is queued behind the one whose callback is running, so waiting for the executor there would
-        wait for itself.  Running the queue here keeps the order and ends.
+        wait for itself.  Running the queue here keeps the order and ends.  With ``future`` ``None``
+        it is the executor's own loop (``_serve``): it waits for calls and ends when the group closes.
         """
-        while not future.done():
+        while future is None or not future.done():
             with self._lock:
+                if future is None:
+                    self._changed.wait_for(lambda: self._queue or self._closed)
                 if not self._queue:
                     return
                 item = self._queue.popleft()
                 self._changed.notify_all()
             self._run_queued(*item)
+            del item  # drop this task's buffers now, not when the next task arrives
 
     def close(self) -> None:
         """Cancel what is still queued, give a running call a bounded grace, release the communicator.
@@ -483,6 +498,15 @@ class World:
         for group in self.groups.values():
             group.plans.clear()  # its cells were planned under the configuration this one replaces
             group.segment_bytes = value.segment_bytes
+
+    def add_group(self, ranks: List[int], rank: int, communicator, timeout, backend: str, name: str) -> Group:
+        """A new :class:`Group` over ``communicator`` (``ranks``: its members' global ranks; ``rank``: this
+        process's index among them), registered under ``name`` so that ``destroy_process_group()`` closes it
+        with the world's other groups.  The one way groups enter the registry (``new_group``, and the NCCL
+        twin ``staging`` makes of a host group)."""
+        group = Group(ranks, rank, communicator, timeout, backend, name)
+        self.groups[name] = group
+        return group
 
     def require(self, what: str) -> Group:
         if self.default is None:

@@ -34,7 +34,7 @@ def _check(tensor, tag: int, op: str, g: Group, receive: bool) -> tuple:
     """``(buffer, destination)``: the buffer ``tensor`` (of any dtype: its bytes travel) travels as after the checks
     (a complex tensor as its real view; one that is not contiguous as a contiguous copy, or for a receive an empty
     contiguous buffer), and where a receive's buffer is copied once it completes (``None``: the caller's tensor)."""
-    moved = validate._real(tensor, op, g)
+    moved = validate.as_real(tensor, op, g)
     buffer, destination = moved, None
     if isinstance(moved, torch.Tensor) and moved.layout is torch.strided and not moved.is_contiguous():
         validate.check_writable(moved, "tensor", op, g)

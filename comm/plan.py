@@ -11,10 +11,12 @@ collective, the dtype, the op, the root, the algorithm asked for, blocking or no
 function, and the mismatch checker that wraps it, ``check.py``).  The first call of a cell goes
 through ``validate``'s full checks, which raise a typed error before any byte moves or return the
 checked record; its plan is made from that and kept.  Later calls of the cell look the plan up
-(``api.py``, keyed by the arguments as passed) and check only what can differ from call to
-call: that the tensors are contiguous, of the plan's dtype, on its device, with sizes that fit.
-A call that fails those tests takes the full checks again, which name what is wrong.  Either way
-the record runs through ``Group.run``, which owns ordering, tags, deadlines and the executor:
+(``api.py``, keyed by the arguments as passed) and hand their tensors to :meth:`Plan.run`, which
+checks only what can differ from call to call -- that the tensors are contiguous, of the plan's
+dtype, on its device, with sizes that fit, read by the collective's argument roles (:data:`QUICK`)
+-- and makes the record.  A call that fails those tests takes the full checks again, which name
+what is wrong and hand :meth:`Plan.run` the record's fields.  Either way the record runs through
+``Group.run``, which owns ordering, tags, deadlines and the executor:
 the cache hit *is* the fast path, not a second implementation.
 
 A group's plans are dropped with the configuration they were made under (``World.config``),
@@ -22,6 +24,7 @@ with the group, and when the ranks turn out unable to share a segment (``Group.f
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -38,6 +41,8 @@ _profiling = torch.autograd._profiler_enabled
 #: unprofiled call makes no call to ask.
 _profilers = torch.autograd.profiler
 _new = tuple.__new__
+_Tensor = torch.Tensor
+_strided = torch.strided
 _RIDE_BYTES = check.RIDE_BYTES
 
 
@@ -81,14 +86,19 @@ class Call(NamedTuple):
     issued while nothing of its group is queued is posted with it directly (``Group.run``)."""
 
 
-class Row(NamedTuple):
-    """One row of a plan: calls of at most ``most_bytes`` (``nbytes``) run ``function`` by ``algorithm``."""
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of a plan: calls of at most ``most_bytes`` (``nbytes``) run ``function`` by ``algorithm``.
+
+    Slots, read by name: a slot is read faster than a tuple's item (and a ``NamedTuple``'s field is slower still)."""
 
     most_bytes: int
     algorithm: str
     function: Callable[..., None]
     checker: Optional[Callable[..., bool]]
+    """The mismatch check wrapping a call of this row (``check.py``), or ``None``."""
     check: tuple
+    """``(hash of the cell, cell)``: what the checker compares besides the tag and ``numel``."""
     ride: Optional[tuple]
     """``(C kind, C op, checker)`` if a call of at most ``check.RIDE_BYTES`` rides in the check's segment round (such a
     call is checked by ``checker``, the group's ``MismatchCheck.in_segment``, whatever the row's checker: an "shm"
@@ -97,16 +107,31 @@ class Row(NamedTuple):
     """``Backend.ISSUE``'s form of ``function`` (a native collective the backend runs asynchronously by itself)."""
 
 
+#: What :meth:`Plan.run` answers when a cache hit's tensors fail its quick test: the caller takes the full checks.
+MISS = object()
+
+#: The public forms whose cache hits :meth:`Plan.run` reads off their tensors (``api.py``): the plan's attributes
+#: the algorithm takes after the flat buffers (``algorithms``' signatures), and for a pair of tensors which one
+#: holds ``size`` times the other's bytes ("output": a gather, "input": a scatter; ``None``: one tensor, in place).
+QUICK = {
+    "broadcast": (("root",), None),
+    "all_reduce": (("op",), None),
+    "reduce": (("op", "root"), None),
+    "all_gather_into_tensor": ((), "output"),
+    "reduce_scatter_tensor": (("op",), "input"),
+}
+
+
 class Plan:
     """What every call of one cell runs (see the module's note); made by :func:`plan_for`.
 
-    ``run(args, nbytes, numel, outputs, copy_out, inputs)`` is the one route of a call: it picks the row by
-    ``nbytes`` (the same on every rank), makes the record and hands it to ``Group.run`` -- with torch's
-    profiler event around it (``torch_events.py``) while torch's profiler records.
+    :meth:`run` is the one route of a call: it picks the row by ``nbytes`` (the same on every rank), makes the
+    record and hands it to ``Group.run`` -- with torch's profiler event around it (``torch_events.py``) while
+    torch's profiler records.
     """
 
     __slots__ = ("group", "collective", "dtype", "op", "root", "async_op", "timeout", "rows", "on_cpu", "size",
-                 "itemsize", "profile_name")
+                 "itemsize", "profile_name", "tail", "extra", "gathers")
 
     def __init__(self, group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
                  async_op: bool, timeout: Optional[float], rows: tuple, profile_name: str, any_size: bool = False):
@@ -119,27 +144,73 @@ class Plan:
         self.timeout = timeout
         #: A call whose size may differ between ranks (an all_to_all with uneven splits) runs the row that serves
         #: every size, the first unbounded one: "auto" must not depend on the size, or ranks would choose differently.
-        self.rows = (next(row for row in rows if row[0] >= select.UNBOUNDED),) if any_size else rows
+        self.rows = (next(row for row in rows if row.most_bytes >= select.UNBOUNDED),) if any_size else rows
         self.on_cpu = group.on_cpu
         self.size = group.size()
         self.itemsize = dtype.itemsize
         self.profile_name = profile_name
+        tail, larger = QUICK.get(profile_name, ((), None))
+        #: What a cache hit's record passes to the algorithm after its flat buffers (``QUICK``).
+        self.tail = tuple(getattr(self, name) for name in tail)
+        #: The one argument after a single flat buffer (all_reduce's op, broadcast's root), else :data:`MISS`: a
+        #: tuple display costs half of a concatenation.
+        self.extra = self.tail[0] if len(self.tail) == 1 else MISS
+        #: For a pair of tensors: ``True`` if the output holds ``size`` times the input's bytes (a gather).
+        self.gathers = larger == "output"
 
-    def run(self, args: tuple, nbytes: int, numel: int, outputs: tuple, copy_out: tuple = (), inputs=None,
-            options: Optional[dict] = None):
-        """Run one call of this cell; ``None``, or its ``Work`` if the plan is ``async_op``."""
+    def run(self, output=None, input=None, args: Optional[tuple] = None, nbytes: int = 0, numel: int = 0,
+            outputs: tuple = (), copy_out: tuple = (), inputs=None, options: Optional[dict] = None,
+            record: bool = False):
+        """Run one call of this cell; ``None``, or its ``Work`` if the plan is ``async_op``.
+
+        A cache hit (``api.py``) passes its tensors as given -- ``output`` alone for a collective in place, else
+        ``output`` and ``input`` -- and they take the quick test of what may differ between the cell's calls (type,
+        layout, device, contiguity, and for a pair the dtype and sizes); on failing it the answer is :data:`MISS`
+        and nothing ran.  The full checks (``validate.py``) pass the record's per-call fields instead: ``args``
+        (the algorithm's arguments after the transport), ``nbytes``, ``numel``, ``outputs``, ``copy_out``,
+        ``inputs`` (what torch's profiler records, else ``outputs``) and ``options``; with ``record`` the record
+        is returned, not run (the coalesced forms run several under one profiler event)."""
+        if args is None:  # a cache hit: the quick test, then the record's fields read off the tensors
+            if type(output) is not _Tensor or output.layout is not _strided \
+                    or not (output.is_cpu if self.on_cpu else output.is_cuda) or not output.is_contiguous():
+                return MISS
+            if input is None:  # in place
+                nbytes = output.nbytes
+                numel = nbytes // self.itemsize
+                flat = output if output.ndim == 1 else output.view(-1)
+                args = (flat,) + self.tail if self.extra is MISS else (flat, self.extra)
+            else:
+                if type(input) is not _Tensor or output.dtype is not self.dtype or input.layout is not _strided \
+                        or not (input.is_cpu if self.on_cpu else input.is_cuda) or not input.is_contiguous():
+                    return MISS
+                if self.gathers:
+                    nbytes, smaller = output.nbytes, input.nbytes
+                else:
+                    nbytes, smaller = input.nbytes, output.nbytes
+                if nbytes != self.size * smaller:
+                    return MISS
+                numel = smaller // self.itemsize
+                args = (output if output.ndim == 1 else output.view(-1),
+                        input if input.ndim == 1 else input.view(-1)) + self.tail
+                inputs = (input,)
+            outputs = (output,)
         rows = self.rows
         row = rows[0]
-        if nbytes > row[0]:  # "auto"'s rows by size, the last one unbounded
+        if nbytes > row.most_bytes:  # "auto"'s rows by size, the last one unbounded
             for row in rows:
-                if nbytes <= row[0]:
+                if nbytes <= row.most_bytes:
                     break
-        ride = row[5]
+        ride = row.ride
         if ride is not None and nbytes > _RIDE_BYTES:
             ride = None
-        call = _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
+        # The record: each item is the field of its name, in ``Call``'s order (tests/comm/test_plan_record.py reads
+        # the names off these expressions and holds them to ``Call._fields``).  ``tuple.__new__``, not a keyword
+        # ``Call(...)``: that is a Python call more per collective call (the limits in test_call_counts.py).
+        call = _new(Call, (self.collective, self.group, args, self.op, self.root, row.algorithm, row.function, options,
                            self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype,
-                           row[3] if ride is None else ride[2], row[4], ride, row[6]))
+                           row.checker if ride is None else ride[2], row.check, ride, row.issue))
+        if record:
+            return call
         if _profilers._is_profiler_enabled and _profiling():
             return torch_events.run(call, self.profile_name, outputs if inputs is None else inputs)
         return self.group.run(call)
@@ -148,15 +219,8 @@ class Plan:
                options: Optional[dict] = None) -> Call:
         """The record :meth:`run` would hand to ``Group.run``, for a caller that runs several records under one
         profiler event (the coalesced forms)."""
-        for row in self.rows:
-            if nbytes <= row[0]:
-                break
-        ride = row[5]
-        if ride is not None and nbytes > _RIDE_BYTES:
-            ride = None
-        return _new(Call, (self.collective, self.group, args, self.op, self.root, row[1], row[2], options,
-                           self.async_op, self.timeout, outputs, copy_out, nbytes, numel, self.dtype,
-                           row[3] if ride is None else ride[2], row[4], ride, row[6]))
+        return self.run(args=args, nbytes=nbytes, numel=numel, outputs=outputs, copy_out=copy_out, options=options,
+                        record=True)
 
 
 def plan_for(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
@@ -191,8 +255,8 @@ def special_plan(group: Group, collective: str, dtype: torch.dtype, op: Optional
     plan = group.plans.get(key)
     if plan is None:
         cell = check.fingerprint_cell(collective, op, dtype, -1, algorithm)
-        row = Row(select.UNBOUNDED, algorithm, function, check.checker_for(group, algorithm, WORLD.config),
-                  (hash(cell), cell), None)
+        row = Row(most_bytes=select.UNBOUNDED, algorithm=algorithm, function=function,
+                  checker=check.checker_for(group, algorithm, WORLD.config), check=(hash(cell), cell), ride=None)
         plan = group.plans[key] = Plan(group, collective, dtype, op, -1, async_op, None, (row,), profile_name)
     return plan
 
@@ -227,8 +291,8 @@ def _rows(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], 
                 and group.on_cpu and dtype in FAST_KINDS and op in FAST_OPS \
                 and (algorithm in _SAME_BITS or (group.size() == 2 and algorithm in _SAME_BITS_AT_TWO)):
             ride = (FAST_KINDS[dtype], FAST_OPS[op], group.check.in_segment)
-        rows.append(Row(most_bytes, algorithm, function, checker, (hash(cell), cell), ride,
-                        group.issuers.get(function)))
+        rows.append(Row(most_bytes=most_bytes, algorithm=algorithm, function=function, checker=checker,
+                        check=(hash(cell), cell), ride=ride, issue=group.issuers.get(function)))
     if select.log.isEnabledFor(10):  # once per cell: its plan
         select.log.debug("%s on %s group of %d, %s %s: %s (%s)", collective, group.backend, group.size(), dtype, op,
                          ", ".join(f"{'any size' if most >= select.UNBOUNDED else f'up to {most} B'} -> {algorithm}"

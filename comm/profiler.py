@@ -38,6 +38,7 @@ import threading
 import time
 from typing import Dict, Iterable, List, Optional, Union
 
+from .group import WORLD
 from .traffic import CallRecord, bus_factor, observing
 
 
@@ -172,8 +173,6 @@ def _unix_offset() -> float:
 
 def _own_rank() -> int:
     """This process's global rank, or 0 outside a process group (a trace with spans only)."""
-    from .group import WORLD
-
     return WORLD.default.my_global_rank if WORLD.default is not None else 0
 
 
@@ -236,5 +235,5 @@ def merge_chrome_traces(sources: Union[str, Iterable[str]], out: Optional[str] =
 def profile(registry=None):
     """Context manager recording every collective of this process while open; yields the :class:`Profiler`."""
     if registry is None:
-        from .group import WORLD as registry
+        registry = WORLD
     return observing(registry, Profiler())

@@ -88,6 +88,12 @@ except ImportError:
 #: Whether a check round can carry a payload (``Arena.checked_round``): the C round is built.
 FAST_ROUNDS = _shmfast is not None
 
+
+def small_round_in_c() -> bool:
+    """Whether a small all_reduce's round runs in C (:meth:`Arena.reduce_small_c`): ``_shmfast`` is built and in
+    use (a test sets ``_shmfast`` to ``None`` to run the Python round)."""
+    return _shmfast is not None
+
 #: Where segments are created (a tmpfs on Linux), named ``PREFIX<creator's pid>-<random>``.
 SHM_DIR, PREFIX = "/dev/shm", "zerocomm-"
 #: Bytes of one rank's control line (two cache lines: no false sharing between ranks' words).
@@ -788,9 +794,11 @@ def settle(t: Transport, deadline: Optional[float]) -> None:
         made.settle(deadline)
 
 
-def release(t: Transport) -> None:
-    """Forget ``t``'s arena and heaps (the backend's ``close()`` calls it).  Tensors the user still holds
-    from :func:`shared_empty` stay valid: a mapping ends with the last tensor viewing it."""
+@Transport.on_close
+def release(t: Transport, abandon: bool = False) -> None:
+    """Forget ``t``'s arena and heaps (a close hook: the backend's ``close()`` runs it, see
+    ``Transport.on_close``; ``abandon`` changes nothing here, no peer is waited for).  Tensors the user still
+    holds from :func:`shared_empty` stay valid: a mapping ends with the last tensor viewing it."""
     local = t.local
     made, local.arena = local.arena, None
     if made is not None:

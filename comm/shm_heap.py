@@ -12,8 +12,11 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from . import shm, topology
+from .algorithms.ring import all_gather_ring
 from .errors import UnsupportedError
+from .plan import special_plan
 from .transport import Transport
+from .validate import resolve_group
 
 
 class Heap(NamedTuple):
@@ -26,7 +29,7 @@ class Heap(NamedTuple):
 def allocate_heap(t: Transport, nbytes: int, *, tag: int, deadline: Optional[float]) -> Optional[torch.Tensor]:
     """This rank's ``nbytes``-byte uint8 region of a new heap of ``t`` (every rank calls it together), or
     ``None`` when the ranks are not all on one host."""
-    names = topology.hosts(t, tag=tag, deadline=deadline)
+    names = topology.hosts(t, tag=tag, deadline=deadline, all_gather=all_gather_ring)
     if len(set(names)) > 1:
         return None
     stride = shm.aligned(max(nbytes, 1))
@@ -35,6 +38,12 @@ def allocate_heap(t: Transport, nbytes: int, *, tag: int, deadline: Optional[flo
     t.local.heaps.append(heap)
     start = t.rank * stride
     return heap.raw[start:start + nbytes]
+
+
+def _allocate(t: Transport, nbytes: int, made: list, *, tag: int, deadline: Optional[float],
+              segment_bytes: int) -> None:
+    """:func:`shared_empty`'s call, as the group runs it: this rank's region (or ``None``) appended to ``made``."""
+    made.append(allocate_heap(t, nbytes, tag=tag, deadline=deadline))
 
 
 def shared_empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32, group=None) -> torch.Tensor:
@@ -47,11 +56,6 @@ def shared_empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32,
     ordinary ``torch.empty`` tensor, so callers need not ask.  The memory is freed when the tensor
     and the group are both gone; nothing is left in ``/dev/shm``.
     """
-    from . import check
-    from .group import WORLD
-    from .plan import Call
-    from .validate import resolve_group
-
     g = resolve_group(group, "shared_empty")
     if not g.on_cpu:
         raise UnsupportedError(f"rank {g.my_global_rank}: shared_empty: backend {g.backend!r} moves "
@@ -62,13 +66,9 @@ def shared_empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32,
         numel *= dim
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     made: list = []
-
-    def allocate(t, *, tag, deadline, segment_bytes):
-        made.append(allocate_heap(t, nbytes, tag=tag, deadline=deadline))
-
-    cell = check.fingerprint_cell("barrier", None, torch.uint8, -1, "shm")
-    g.run(Call("barrier", g, (), None, -1, "shm", allocate, None, False, None, (), (), 0, 0, torch.uint8,
-               check.checker_for(g, "shm", WORLD.config), (hash(cell), cell)))
+    # Planned like every call: a barrier-shaped cell of its own ("shm", checked as every "shm" call is).
+    plan = special_plan(g, "barrier", torch.uint8, None, "shm", _allocate, False, "shared_empty")
+    plan.run((nbytes, made), 0, 0, ())
     region = made[0]
     if region is None:
         return torch.empty(shape, dtype=dtype)

@@ -42,6 +42,11 @@ from typing import Callable, List, Sequence
 
 import torch
 
+from .backends import backend_class
+from .group import WORLD
+from .validate import resolve_group
+from .work import Work
+
 #: Per collective: the positions of the arguments it reads, of those it writes (a tensor or a list of tensors;
 #: ``None`` entries, such as ``gather_list`` off the root, are left alone), and of its ``group``.
 ROLES = {
@@ -80,9 +85,6 @@ class _NcclRoute:
     def resolve(self, group):
         if self.decided:
             return self.twin
-        from .backends import backend_class
-        from .group import WORLD, Group
-
         store = torch.distributed.PrefixStore(f"zerocomm-cuda/{group.name}/", self.store)
         if self.backend != "nccl":  # the stand-in: host tensors, nothing to exchange
             communicator = backend_class(self.backend)(store, group.rank, group.size(), group.timeout)
@@ -97,8 +99,9 @@ class _NcclRoute:
             communicator = backend_class("nccl")(store, group.rank, group.size(), group.timeout,
                                                  torch.device("cuda", device))
         self.decided = True
-        self.twin = Group(group.ranks, group.rank, communicator, group.timeout, self.backend, f"{group.name}-cuda")
-        WORLD.groups[self.twin.name] = self.twin  # closed with the world's other groups
+        # Registered as new_group registers its groups: closed with the world's other groups.
+        self.twin = WORLD.add_group(group.ranks, group.rank, communicator, group.timeout, self.backend,
+                                    f"{group.name}-cuda")
         return self.twin
 
 
@@ -126,8 +129,6 @@ def cuda_twin(group):
 
 
 def _resolved(group):
-    from .validate import resolve_group
-
     return resolve_group(group, "staging")
 
 
@@ -227,8 +228,6 @@ def retry(error: Exception, collective: Callable, args: Sequence, kwargs: dict, 
     if not async_op:
         mirror.copy_back(synchronize=False)
         return None
-    from .work import Work
-
     done: concurrent.futures.Future = concurrent.futures.Future()
 
     def finish(inner) -> None:
@@ -245,9 +244,9 @@ def retry(error: Exception, collective: Callable, args: Sequence, kwargs: dict, 
 
     work.add_done_callback(finish)
     callers = {id(buffer): tensor for tensor, buffer in mirror.back}
-    outputs = [callers.get(id(tensor), tensor) for tensor in getattr(work, "_outputs", ())]
+    outputs = [callers.get(id(tensor), tensor) for tensor in work.result()]
     how = "staged through host memory" if to_host else "through a contiguous copy"
-    return Work(f"{name} ({how})", done, outputs, getattr(work, "_group", None))
+    return Work(f"{name} ({how})", done, outputs, work.group)
 
 
 __all__ = ["retry", "host_group", "ROLES", "offer_nccl", "offer_cuda_twin", "cuda_twin"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -39,23 +39,42 @@ def local_host() -> str:
     return environment.get(HOST_ENV) or socket.gethostname()
 
 
-def hosts(t: Transport, *, tag: int, deadline: Optional[float], name: Optional[str] = None) -> tuple[str, ...]:
+#: ``f(t, out, inp, *, tag, deadline, segment_bytes)``: an all_gather of equal uint8 records over ``t``'s point to
+#: point (the algorithms' ring).  This module sits below the algorithms and imports none: its all_gather is
+#: handed to it, per call (``hosts(all_gather=)``) or once (:func:`use_all_gather`, by ``comm.algorithms``).
+AllGather = Callable[..., None]
+_handed: list = []
+
+
+def use_all_gather(all_gather: AllGather) -> None:
+    """Hand :func:`hosts` the all_gather it runs when its caller passes none (``comm.algorithms`` hands its ring
+    at import; callers below the algorithms, ``shm.arena``, then need not pass one)."""
+    _handed[:] = [all_gather]
+
+
+def hosts(t: Transport, *, tag: int, deadline: Optional[float], name: Optional[str] = None,
+          all_gather: Optional[AllGather] = None) -> tuple[str, ...]:
     """The host of every rank of ``t`` (index = rank), learnt once and cached on ``t``.
 
     All ranks of ``t`` must call it together, passing the tag of the collective they are in.
-    ``name`` is this rank's host (default :func:`local_host`).
+    ``name`` is this rank's host (default :func:`local_host`).  ``all_gather`` moves the ranks' records
+    (:data:`AllGather`); ``None``: the one handed to :func:`use_all_gather`.
     """
     known = t.local.hosts
     if known is not None:
         return known
-    from .algorithms.ring import all_gather_ring  # algorithms import nothing from here
+    if all_gather is None:
+        if not _handed:
+            raise RuntimeError("topology.hosts: no all_gather was passed or handed (import zerocomm.comm, whose "
+                               "algorithms package hands its ring to topology.use_all_gather)")
+        all_gather = _handed[0]
 
     record = _RECORD_BYTES
     mine = torch.zeros(record, dtype=torch.uint8)
     _put(mine, 0, (local_host() if name is None else name).encode()[:_NAME_BYTES])
     _put(mine, _NAME_BYTES, _this_process())
     every = torch.empty(t.size * record, dtype=torch.uint8)
-    all_gather_ring(t, every, mine, tag=tag, deadline=deadline, segment_bytes=1 << 20)
+    all_gather(t, every, mine, tag=tag, deadline=deadline, segment_bytes=1 << 20)
     rows = [bytes(every[r * record:(r + 1) * record].tolist()) for r in range(t.size)]
     names = tuple(row[:_NAME_BYTES].rstrip(b"\0").decode(errors="replace") for row in rows)
     t.local.hosts = names

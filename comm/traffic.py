@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Dict, Iterator, List, Optional
 
+from .algorithms.compressed import onebit_message_bytes
 from .transport import Request, Transport
 
 #: nccl-tests' bus-bandwidth factors: bytes a rank moves per byte of S on an optimal schedule.
@@ -151,7 +152,7 @@ def run_observed(observers, call, tag: int, deadline: float, segment_bytes: int,
     record.issued_s = issued_s or record.start_s
     for observer in observers:
         observer.on_start(record)
-    group._call(call, tag, deadline, segment_bytes, transport)
+    group.invoke(call, tag, deadline, segment_bytes, transport)
     record.end_s = now()
     if estimated:
         factor = bus_factor(communicator.native_traffic_as(call.collective), record.group_size)
@@ -159,7 +160,6 @@ def run_observed(observers, call, tag: int, deadline: float, segment_bytes: int,
         record.measured = False
     elif call.algorithm == "onebit" and call.options["inner"] == "native":
         # The two native sub-collectives' bytes are invisible: the schedule's 2 (n-1) compressed rows.
-        from .algorithms.compressed import onebit_message_bytes
         row = onebit_message_bytes(call.numel, record.group_size, call.dtype)
         record.bytes_sent = record.bytes_received = 2 * (record.group_size - 1) * row
         record.measured = False

@@ -132,10 +132,32 @@ class Transport(abc.ABC):
     #: slow one where its own transport cannot.
     peer_pids: Optional[tuple] = None
 
+    #: What the layers above release when a communicator closes (:meth:`on_close`), in the order registered.
+    _close_hooks: ClassVar[List[Callable[["Transport", bool], None]]] = []
+
     @functools.cached_property
     def local(self) -> Attached:
         """What the layers above learnt about this communicator (see :class:`Attached`); made on first use."""
         return Attached()
+
+    @staticmethod
+    def on_close(hook: Callable[["Transport", bool], None]) -> Callable[["Transport", bool], None]:
+        """Register ``hook(transport, abandon)`` to run whenever any communicator closes (every backend's
+        ``close`` calls :meth:`release_attached` first), and return it.
+
+        A layer above the backends that keeps something on a communicator (``shm``'s arena and heaps,
+        ``algorithms.hierarchical``'s sub-communicators, both in :attr:`local`) registers its release here
+        once, at import: backends learn what to release from this list and import none of those layers.
+        ``abandon`` is ``close``'s (the group failed; release without waiting on peers)."""
+        if hook not in Transport._close_hooks:
+            Transport._close_hooks.append(hook)
+        return hook
+
+    def release_attached(self, abandon: bool = False) -> None:
+        """Run every :meth:`on_close` hook on this communicator, in the order they were registered (a
+        backend's ``close`` calls it before releasing its own resources)."""
+        for hook in tuple(Transport._close_hooks):
+            hook(self, abandon)
 
     @abc.abstractmethod
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Request:

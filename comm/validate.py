@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as _td
 
+from ..ops.onebit import ErrorFeedback
 from . import select
 from .algorithms import ALGORITHM_NAMES, COMPRESSED, sub_algorithm
 from .algorithms.compressed import SUB_COLLECTIVES
@@ -26,6 +27,7 @@ from .group import NON_GROUP_MEMBER, WORLD, Group
 from .plan import Call, Plan, plan_for, special_plan  # noqa: F401  (Call: the record, re-exported)
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, for_dtype, op_name
 from .sparse import all_reduce_sparse
+from .work import timeout_seconds
 
 _DTYPES = frozenset(SUPPORTED_DTYPES)
 
@@ -149,7 +151,7 @@ def group_rank_of(group: Group, global_rank: Optional[int], group_rank: Optional
 
 def _tensor_pair(output, input, out_name: str, in_name: str, what: str, group: Group, op=None) -> tuple:
     """The checks of a tensor-form collective's (output, input) pair; complex tensors come back as real views."""
-    output, input = _real(output, what, group, op), _real(input, what, group, op)
+    output, input = as_real(output, what, group, op), as_real(input, what, group, op)
     check_tensor(input, in_name, what, group)
     check_tensor(output, out_name, what, group)
     check_same_dtype([output], input.dtype, what, group)
@@ -163,7 +165,7 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
 
 # -- complex and sparse tensors --------------------------------------------------------------------
 
-def _real(tensor, collective: str, group: Group, op=None):
+def as_real(tensor, collective: str, group: Group, op=None):
     """A complex tensor as its real view (``torch.view_as_real``: shape ``(..., 2)``, the same storage), as
     torch moves it; every other tensor unchanged.  A reduction that does not admit complex numbers
     (``torch.distributed.supports_complex``: MIN, MAX, PRODUCT, bitwise) raises torch's error; a sparse
@@ -183,7 +185,7 @@ def _real(tensor, collective: str, group: Group, op=None):
 
 
 def _reals(items, collective: str, group: Group):
-    return items if items is None else [_real(item, collective, group) for item in items]
+    return items if items is None else [as_real(item, collective, group) for item in items]
 
 
 _SUM = ReduceOp.SUM
@@ -227,12 +229,12 @@ def _run(plan: Plan, key, args: tuple, nbytes: int, numel: int, outputs: tuple, 
         return plan.record(args, nbytes, numel, outputs, copy_out, options)
     if key is not None and key[-1] is plan.dtype and options is None:
         WORLD.plans[key] = plan
-    return plan.run(args, nbytes, numel, outputs, copy_out, inputs, options)
+    return plan.run(args=args, nbytes=nbytes, numel=numel, outputs=outputs, copy_out=copy_out, inputs=inputs,
+                    options=options)
 
 
 def _timeout(timeout, what: str) -> Optional[float]:
     """A call's own ``timeout`` in seconds (``None``: the group's); negative or not a number raises."""
-    from .work import timeout_seconds
     return timeout_seconds(timeout, f"{what}: timeout")
 
 
@@ -240,7 +242,7 @@ def _timeout(timeout, what: str) -> Optional[float]:
 
 def broadcast(tensor, src, group, async_op, group_src, algorithm, key=None):
     g = resolve_group(group, "broadcast")
-    tensor = _real(tensor, "broadcast", g)
+    tensor = as_real(tensor, "broadcast", g)
     src = 0 if src is None and group_src is None else src
     root = group_rank_of(g, src, group_src, "src", "broadcast")
     check_tensor(tensor, "tensor", "broadcast", g)
@@ -253,7 +255,7 @@ def all_reduce(tensor, op, group, async_op, algorithm, compression, state, key=N
     g = resolve_group(group, "all_reduce")
     if isinstance(tensor, torch.Tensor) and tensor.is_sparse:
         return _sparse_all_reduce(tensor, op, g, async_op, key if key is RECORD else None)
-    tensor = _real(tensor, "all_reduce", g, op)
+    tensor = as_real(tensor, "all_reduce", g, op)
     check_tensor(tensor, "tensor", "all_reduce", g)
     name = _op(op, tensor.dtype, "all_reduce", g)
     if compression is None and algorithm != "onebit":
@@ -278,7 +280,6 @@ def _sparse_all_reduce(tensor, op, g: Group, async_op, key=None):
 
 def _onebit(tensor, op: str, g: Group, async_op, algorithm, compression, state, key=None):
     """The 1-bit compressed mean: ``algorithm="onebit"``, its sub-collectives on ``algorithm`` (the inner one)."""
-    from ..ops.onebit import ErrorFeedback
     rank = g.my_global_rank
     if compression not in ("onebit", None) or algorithm == "onebit":
         raise InvalidArgumentError(f"rank {rank}: all_reduce: compression must be None or 'onebit' (with "
@@ -305,7 +306,7 @@ def _onebit(tensor, op: str, g: Group, async_op, algorithm, compression, state, 
 
 def reduce(tensor, dst, op, group, async_op, group_dst, algorithm, key=None):
     g = resolve_group(group, "reduce")
-    tensor = _real(tensor, "reduce", g, op)
+    tensor = as_real(tensor, "reduce", g, op)
     dst = 0 if dst is None and group_dst is None else dst
     root = group_rank_of(g, dst, group_dst, "dst", "reduce")
     check_tensor(tensor, "tensor", "reduce", g)
@@ -327,7 +328,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorit
 
 def all_gather(tensor_list, tensor, group, async_op, algorithm, key=None):
     g = resolve_group(group, "all_gather")
-    tensor, tensor_list = _real(tensor, "all_gather", g), _reals(tensor_list, "all_gather", g)
+    tensor, tensor_list = as_real(tensor, "all_gather", g), _reals(tensor_list, "all_gather", g)
     check_tensor(tensor, "tensor", "all_gather", g)
     check_list_length(tensor_list, g.size(), "tensor_list", "all_gather", g)
     check_same_dtype(tensor_list, tensor.dtype, "all_gather", g)
@@ -342,7 +343,7 @@ def all_gather(tensor_list, tensor, group, async_op, algorithm, key=None):
 
 def gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm, key=None):
     g = resolve_group(group, "gather")
-    tensor, gather_list = _real(tensor, "gather", g), _reals(gather_list, "gather", g)
+    tensor, gather_list = as_real(tensor, "gather", g), _reals(gather_list, "gather", g)
     dst = 0 if dst is None and group_dst is None else dst
     root = group_rank_of(g, dst, group_dst, "dst", "gather")
     check_tensor(tensor, "tensor", "gather", g)
@@ -366,7 +367,7 @@ def gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm, key=
 
 def scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm, key=None):
     g = resolve_group(group, "scatter")
-    tensor, scatter_list = _real(tensor, "scatter", g), _reals(scatter_list, "scatter", g)
+    tensor, scatter_list = as_real(tensor, "scatter", g), _reals(scatter_list, "scatter", g)
     src = 0 if src is None and group_src is None else src
     root = group_rank_of(g, src, group_src, "src", "scatter")
     check_tensor(tensor, "tensor", "scatter", g)
@@ -399,7 +400,7 @@ def reduce_scatter_tensor(output, input, op, group, async_op, algorithm, key=Non
 
 def reduce_scatter(output, input_list, op, group, async_op, algorithm, key=None):
     g = resolve_group(group, "reduce_scatter")
-    output, input_list = _real(output, "reduce_scatter", g, op), _reals(input_list, "reduce_scatter", g)
+    output, input_list = as_real(output, "reduce_scatter", g, op), _reals(input_list, "reduce_scatter", g)
     check_tensor(output, "output", "reduce_scatter", g)
     name = _op(op, output.dtype, "reduce_scatter", g)
     check_list_length(input_list, g.size(), "input_list", "reduce_scatter", g)

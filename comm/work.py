@@ -64,6 +64,11 @@ class Work:
                 f"Work.wait: {self._description} did not complete within {seconds * 1000:.0f} ms") from None
         return True
 
+    @property
+    def group(self):
+        """The ``Group`` whose executor runs this work, or ``None`` (a work made of other works)."""
+        return self._group
+
     def is_completed(self) -> bool:
         return self._future.done()
 
@@ -153,6 +158,23 @@ class IssuedWork(Work):
         work._error = error
         return work
 
+    @property
+    def collective(self) -> str:
+        """The registry's name of the call ("all_reduce", ...)."""
+        return self._call.collective
+
+    def fail(self, error: BaseException) -> bool:
+        """Settle this work as failed with ``error`` (its ``wait`` raises it, its callbacks run), unless another
+        thread settled it already; whether this call did.  The group calls it for a work it can no longer wait
+        for (destroyed first) or whose backend wait raised a local error."""
+        try:
+            self._once.pop()
+        except IndexError:  # settled by now
+            return False
+        self._error = error
+        self._finish()
+        return True
+
     def _finish(self) -> None:
         if self._after is not None and self._error is None:
             self._after()
@@ -173,8 +195,11 @@ class IssuedWork(Work):
         except concurrent.futures.InvalidStateError:  # resolved by the other thread already
             pass
 
-    def _settle(self, seconds: Optional[float]) -> None:
-        """Wait for the request until ``seconds`` (None: the call's deadline) and settle the outcome."""
+    def settle(self, seconds: Optional[float]) -> None:
+        """Wait for the request until ``seconds`` (None: the call's deadline) and settle the outcome: the one
+        thread that gets here first records it (done, or the group's typed error); any other returns once it is
+        recorded.  Raises ``CommTimeoutError`` only when ``seconds`` ran out before the call's deadline (the call
+        goes on).  The group's executor calls it for a watched work (``Group.watch``)."""
         remaining = self._start + self._seconds - time.monotonic()
         limit = remaining if seconds is None or seconds >= remaining else seconds
         try:
@@ -183,9 +208,9 @@ class IssuedWork(Work):
             if limit < remaining:  # the caller's own timeout ran out first: the call goes on
                 raise CommTimeoutError(f"Work.wait: {self._description} did not complete within "
                                        f"{seconds * 1000:.0f} ms") from None
-            failure = self._group._timed_out(self._call.collective, self._seconds, error, self._start)
+            failure = self._group.timed_out(self._call.collective, self._seconds, error, self._start)
         except PeerFailure as peer:
-            failure = self._group._peer_failed(self._call.collective, peer)
+            failure = self._group.peer_failed(self._call.collective, peer)
         else:
             failure = None
         try:
@@ -214,7 +239,7 @@ class IssuedWork(Work):
         seconds = None if timeout is None else timeout_seconds(timeout, "Work.wait: timeout")  # refused even if done
         if self._error is None and self._request is not None:
             # Even when done: NCCL's wait orders the caller's current stream after the collective.
-            self._settle(seconds)
+            self.settle(seconds)
         if self._error is not None:
             raise self._error
         return True
@@ -222,7 +247,7 @@ class IssuedWork(Work):
     def is_completed(self) -> bool:
         if not self._done and self._request.test():
             try:
-                self._settle(None)
+                self.settle(None)
             except CommTimeoutError:
                 pass
         return self._done

@@ -10,7 +10,8 @@ A *bucket* is a group of gradients reduced in one collective.  Its life in one b
     reset()            the step consumed the result           IDLE
 
 The bucket does not know which collective runs or where its buffer comes from: the gradients part
-that owns it does.  Two parts, chosen by ``GradientPlacement`` (see stages.py):
+that builds and owns it does.  Two parts (the ``GradientsPart`` interface, parts.py), named by the stage's
+row in ``STAGES`` (stages.py):
 
 * ``FullGradients`` (stages 0 and 1): one full-size buffer for every bucket, kept between steps;
   each bucket is all-reduced, or reduce-scattered, in place.  Memory: Φ elements.
@@ -35,7 +36,8 @@ import torch
 from .. import comm as dist
 from .errors import ZeroStateError
 from .partition import BucketLayout
-from .stages import Reduction
+from .parts import GradientsPart, ReduceScatter, Reduction
+from .zeropp import build_quantized_reduce_scatter
 
 #: ``acquire(layout) -> buffer``: a 1-D tensor of ``layout.padded_numel`` elements to copy gradients into.
 Acquire = Callable[[BucketLayout], torch.Tensor]
@@ -217,18 +219,17 @@ class _ThenWork:
         return True
 
 
-class FullGradients:
+class FullGradients(GradientsPart):
     """A persistent full-size gradient buffer; every bucket reduced in place (stages 0 and 1).
 
     ``reduced(layout)`` is the part of the bucket this rank's optimizer updates (``owned(layout)``:
-    the whole bucket when the optimizer state is not sharded, the rank's chunk otherwise).
+    the whole bucket when the optimizer state is not sharded, the rank's chunk otherwise).  Its buckets'
+    buffers are views of the one buffer: never released.
     """
 
-    persistent = True
-    release = staticmethod(release_storage)  # never called: the buffer persists
-
     def __init__(self, layouts: list, *, dtype: torch.dtype, device: torch.device, reduction: Reduction,
-                 owned: Callable[[BucketLayout], tuple], rank: int, group=None, algorithm: Optional[str] = None):
+                 owned: Callable[[BucketLayout], tuple], rank: int, group=None, algorithm: Optional[str] = None,
+                 on_reduced: Optional[Callable[[BucketLayout], None]] = None):
         self.layouts, self.dtype, self.device = layouts, dtype, device
         self.reduction, self.owned, self.rank = reduction, owned, rank
         self.group, self.algorithm = group, algorithm
@@ -239,6 +240,13 @@ class FullGradients:
         self._numel = sum(layout.padded_numel for layout in layouts)
         #: A group of one rank: the average over ranks is the buffer itself, so no collective is launched.
         self.alone = bool(layouts) and layouts[0].world_size == 1
+        self.buckets = [GradientBucket(layout, acquire=self.acquire, reduce=self.reduce, persistent=True, rank=rank,
+                                       on_reduced=on_reduced) for layout in layouts]
+
+    @classmethod
+    def build(cls, layouts, *, plan, config, parameters, state, dtype, rank, world_size, group, on_reduced):
+        return cls(layouts, dtype=dtype, device=parameters.device, reduction=plan.reduction, owned=parameters.owned,
+                   rank=rank, group=group, algorithm=config.algorithm, on_reduced=on_reduced)
 
     def acquire(self, layout: BucketLayout) -> torch.Tensor:
         if self.buffer is None:
@@ -266,7 +274,7 @@ class FullGradients:
         return tensor_bytes(self.buffer)
 
 
-class ShardedGradients:
+class ShardedGradients(GradientsPart):
     """This rank's reduced gradient shard, and the bucket buffers it is reduced from (stages 2, 3).
 
     At most ``max_inflight`` bucket buffers exist at once (0: unbounded): taking another first frees
@@ -284,11 +292,12 @@ class ShardedGradients:
     only the shard remains.
     """
 
-    persistent = False
+    transient_buffers = True
 
     def __init__(self, layouts: list, *, dtype: torch.dtype, device: torch.device, reduction: Reduction,
                  max_inflight: int, rank: int, group=None, algorithm: Optional[str] = None, keep_shard: bool = True,
-                 keep_buffers: bool = False):
+                 keep_buffers: bool = False, reduce_scatter: Optional[ReduceScatter] = None,
+                 on_reduced: Optional[Callable[[BucketLayout], None]] = None):
         self.layouts, self.dtype, self.device = layouts, dtype, device
         self.keep_buffers = keep_buffers
         self.reduction, self.rank = reduction, rank
@@ -299,7 +308,6 @@ class ShardedGradients:
             else None
         self._handed: dict = {}  # keep_shard=False: bucket index -> its reduced chunk, until handed over
         self.max_inflight = max_inflight
-        self.buckets: list = []  # set by the optimizer once the buckets exist
         self._inflight: collections.deque = collections.deque()
         self._spares: list = []  # whole buffers (``_buffer_numel`` elements) whose reductions have finished
         self._buffer_numel = max((layout.padded_numel for layout in layouts), default=0)
@@ -309,10 +317,21 @@ class ShardedGradients:
         #: themselves, so each bucket's gradients are copied straight into the shard (the bucket's buffer is its
         #: range of the shard, kept) and no collective is launched.
         self.alone = bool(layouts) and layouts[0].world_size == 1 and self.shard is not None
-        if self.alone:
-            self.persistent = True
-        self.reduce_scatter = dist.reduce_scatter_tensor
+        self.reduce_scatter: ReduceScatter = reduce_scatter or dist.reduce_scatter_tensor
         """The bucket's reduce-scatter (``zeropp.QuantizedReduceScatter`` under ``zero_quantized_gradients``)."""
+        self.buckets = [GradientBucket(layout, acquire=self.acquire, reduce=self.reduce, persistent=self.alone,
+                                       release=self.release, rank=rank, on_reduced=on_reduced) for layout in layouts]
+
+    @classmethod
+    def build(cls, layouts, *, plan, config, parameters, state, dtype, rank, world_size, group, on_reduced):
+        """Also ZeRO++'s qgZ reduce-scatter when ``config.zero_quantized_gradients`` asks for it (every rank of
+        ``group`` builds it together), and a chunk per bucket handed over once for a state that
+        ``streams_gradients``."""
+        quantized = build_quantized_reduce_scatter(config, rank=rank, world_size=world_size, group=group)
+        return cls(layouts, dtype=dtype, device=parameters.device, reduction=plan.reduction,
+                   max_inflight=config.max_inflight_buckets, rank=rank, group=group, algorithm=config.algorithm,
+                   keep_shard=not state.streams_gradients, keep_buffers=plan.keep_bucket_buffers,
+                   reduce_scatter=quantized, on_reduced=on_reduced)
 
     def acquire(self, layout: BucketLayout) -> torch.Tensor:
         if self.alone:

@@ -1,10 +1,11 @@
-"""Optimizer state in host memory (ZeRO-Offload), and the choice among the optimizer-state parts.
+"""Optimizer state in host memory (ZeRO-Offload).
 
-``build_optimizer_state`` picks the part for a ``StatePlacement`` (stages.py):
+``stages.STATE_PARTS`` names the part of each ``StatePlacement`` (the ``OptimizerState`` interface, parts.py):
 
 * ``DEVICE``: ``DeviceOptimizerState`` (optimizer_state.py), masters and state beside the parameters;
 * ``HOST``: ``HostOptimizerState`` below for parameters on an accelerator; for parameters already in
-  host memory (CPU models) the device *is* the host, so ``DeviceOptimizerState`` serves unchanged;
+  host memory (CPU models) the device *is* the host, so ``HostOptimizerState.build`` gives a
+  ``DeviceOptimizerState``, which serves unchanged;
 * ``DISK``: ``NvmeOptimizerState`` (offload_nvme.py), state and the reduced gradient shard in files, stepped
   piece by piece.
 
@@ -31,37 +32,12 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from .errors import ZeroConfigError
 from .gradients import tensor_bytes
 from .optimizer_state import DeviceOptimizerState, MastersInMemory, OptimizerFactory, check_optimizer
-from .stages import StatePlacement
+from .parts import BucketTakingState
 
 
-def build_optimizer_state(placement: StatePlacement, param_shards: Sequence[torch.Tensor],
-                          full32: Optional[Sequence[torch.Tensor]], factory: OptimizerFactory, rank: int, config, *,
-                          device: Optional[torch.device] = None, param_store=None):
-    """The optimizer-state part for ``placement`` (see the module docstring).  ``device``: the parameters'
-    (compute) device, which differs from the shards' when stage 3 keeps them in host memory; ``param_store``:
-    stage 3's parameter shards (offload_param.py), which ``DISK`` steps piece by piece when they are files."""
-    device = device or param_shards[0].device
-    files = param_store is not None and hasattr(param_store, "path")
-    if placement is StatePlacement.DISK:
-        from .offload_nvme import NvmeOptimizerState
-
-        return NvmeOptimizerState(param_shards, full32, factory, rank, folder=config.nvme_path,
-                                  buffer_count=config.offload_buffer_count, piece_numel=config.offload_buffer_numel,
-                                  needs_norm=config.gradient_clipping > 0 or config.precision == "fp16",
-                                  param_store=param_store if files else None)
-    if placement is StatePlacement.HOST and device.type != "cpu":
-        return HostOptimizerState(param_shards, full32, factory, rank, pin_memory=config.pin_memory, device=device)
-    if param_shards[0].device != device:
-        raise ZeroConfigError(f"rank {rank}: offload_param 'cpu' keeps the parameter shards of a model on {device} in "
-                              f"host memory, so the optimizer steps there too: it needs offload_optimizer 'cpu' "
-                              f"(got {config.offload_optimizer!r})")
-    return DeviceOptimizerState(param_shards, full32, factory, rank)
-
-
-class HostOptimizerState(MastersInMemory):
+class HostOptimizerState(MastersInMemory, BucketTakingState):
     """Float32 masters, gradients and the optimizer's state in host memory; the step on the CPU.
 
     Args:
@@ -99,6 +75,15 @@ class HostOptimizerState(MastersInMemory):
         """Bytes copied device -> host (gradients) since construction."""
         self.to_device_bytes = 0
         """Bytes copied host -> device (updated parameters) since construction."""
+
+    @classmethod
+    def build(cls, param_shards, full32, factory, rank, config, *, device=None, param_store=None):
+        """``offload_optimizer: cpu``: this class for parameters on an accelerator; a ``DeviceOptimizerState`` for
+        parameters in host memory already (a CPU model: the device is the host)."""
+        device = device or param_shards[0].device
+        if device.type != "cpu":
+            return cls(param_shards, full32, factory, rank, pin_memory=config.pin_memory, device=device)
+        return DeviceOptimizerState.build(param_shards, full32, factory, rank, config, device=device)
 
     def gradient_ready(self, index: int, grad: torch.Tensor, factor: float = 1.0) -> None:
         """Bucket ``index``'s reduced elements ``grad`` (on the device) are final: start their copy to the host.
@@ -157,15 +142,14 @@ class HostOptimizerState(MastersInMemory):
 
     def nbytes(self, param_storages: set) -> int:
         """Host bytes of masters, gradient buffers and optimizer state."""
-        return self.placement()["host"]
-
-    def placement(self) -> dict:
-        """Bytes of masters, gradient copies and optimizer state by where they live."""
         total = sum(tensor_bytes(t) for t in self.masters) + sum(tensor_bytes(g) for g in self.grads)
         total += sum(tensor_bytes(s) for s in self._staged if s is not None)
-        total += sum(tensor_bytes(v) for state in self.optimizer.state.values() for v in state.values()
-                     if isinstance(v, torch.Tensor))
-        return {"device": 0, "host": total, "disk": 0}
+        return total + sum(tensor_bytes(v) for state in self.optimizer.state.values() for v in state.values()
+                           if isinstance(v, torch.Tensor))
+
+    def placement(self, where: str) -> dict:
+        """Bytes of masters, gradient copies and optimizer state by where they live: all in host memory."""
+        return {"device": 0, "host": self.nbytes(set()), "disk": 0}
 
 
 def _host_float32(values: torch.Tensor, pin: bool) -> torch.Tensor:
@@ -174,14 +158,4 @@ def _host_float32(values: torch.Tensor, pin: bool) -> torch.Tensor:
     return out
 
 
-def state_placement(state, param_storages: set) -> dict:
-    """{"device", "host", "disk"} bytes of an optimizer-state part (``DeviceOptimizerState`` counts as
-    its parameters' device, or as host memory when that device is the CPU)."""
-    if hasattr(state, "placement"):
-        return state.placement()
-    total = state.nbytes(param_storages)
-    where = "host" if state.masters[0].device.type == "cpu" else "device"
-    return {"device": 0, "host": 0, "disk": 0, where: total}
-
-
-__all__ = ["build_optimizer_state", "HostOptimizerState", "state_placement"]
+__all__ = ["HostOptimizerState"]

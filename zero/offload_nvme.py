@@ -54,6 +54,7 @@ from torch import nn
 
 from .errors import ZeroConfigError, ZeroStateError
 from .optimizer_state import OptimizerFactory, check_optimizer
+from .parts import BucketTakingState, FileParamStore
 from .precision import sum_of_squares
 
 MASTER = "master"
@@ -137,7 +138,7 @@ def _remove(folder: Path, fds: dict) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-class NvmeOptimizerState:
+class NvmeOptimizerState(BucketTakingState):
     """This rank's optimizer state, gradient shard (and float32 masters, under mixed precision) in files; see the
     notes.
 
@@ -161,7 +162,7 @@ class NvmeOptimizerState:
 
     def __init__(self, param_shards: Sequence[torch.Tensor], full32: Optional[Sequence[torch.Tensor]],
                  factory: OptimizerFactory, rank: int, *, folder, buffer_count: int, piece_numel: int,
-                 needs_norm: bool = True, param_store=None):
+                 needs_norm: bool = True, param_store: Optional[FileParamStore] = None):
         if param_shards[0].device.type != "cpu":
             raise ZeroConfigError(f"rank {rank}: offload_optimizer 'nvme' reads and writes host memory; parameters "
                                   f"on {param_shards[0].device} need offload_optimizer 'cpu' (or a CPU model)")
@@ -204,16 +205,25 @@ class NvmeOptimizerState:
         self.written_bytes = 0
         """Bytes written to the files since construction (gradients included)."""
 
-    # -- the contract the wrapper uses ------------------------------------------------------------------
-    def gradient_ready(self, bucket: int, grad: torch.Tensor, factor: float) -> None:
-        """Bucket ``bucket``'s reduced elements ``grad`` are final: scale them by ``factor`` and start writing them
+    @classmethod
+    def build(cls, param_shards, full32, factory, rank, config, *, device=None, param_store=None):
+        """``offload_optimizer: nvme`` under ``config.nvme_path``; a ``param_store`` whose shards are files
+        (``offload_param: nvme``) is stepped in place, one in memory is reached through ``param_shards``."""
+        return cls(param_shards, full32, factory, rank, folder=config.nvme_path,
+                   buffer_count=config.offload_buffer_count, piece_numel=config.offload_buffer_numel,
+                   needs_norm=config.gradient_clipping > 0 or config.precision == "fp16",
+                   param_store=param_store if param_store is not None and param_store.in_files else None)
+
+    # -- the contract the wrapper uses (parts.OptimizerState) --------------------------------------------
+    def gradient_ready(self, index: int, grad: torch.Tensor, factor: float) -> None:
+        """Bucket ``index``'s reduced elements ``grad`` are final: scale them by ``factor`` and start writing them
         to the bucket's gradient file (the I/O thread keeps ``grad`` alive until written)."""
         values = grad if grad.dtype == _FLOAT else grad.to(_FLOAT)
         if factor != 1.0:
             values.mul_(factor)  # as the in-memory states scale in set_gradients: the same float32 values
         if self.needs_norm:
-            self._sumsq[bucket] = sum_of_squares([values])
-        self._grad_writes[bucket] = self._io.submit(self.files.write, bucket, GRAD, values, 0)
+            self._sumsq[index] = sum_of_squares([values])
+        self._grad_writes[index] = self._io.submit(self.files.write, index, GRAD, values, 0)
         self.written_bytes += values.numel() * _ITEM
 
     def set_gradients(self, grads: Sequence[Optional[torch.Tensor]], factor: float) -> list:
@@ -307,14 +317,14 @@ class NvmeOptimizerState:
 
     def nbytes(self, param_storages: set) -> int:
         """Bytes in memory: the slots and the scalar state (the files are counted by ``placement``)."""
-        return self.placement()["host"]
-
-    def placement(self) -> dict:
-        """Bytes of the optimizer state by where it lives (the gradient files: ``gradient_placement``)."""
         host = sum(row.numel() * _ITEM for rows in self._slots for row in rows)
-        host += sum(v.numel() * v.element_size() for state in self.optimizer.state.values() for v in state.values()
-                    if isinstance(v, torch.Tensor) and v.dim() == 0)
-        return {"device": 0, "host": host, "disk": self.files.nbytes() - self._grad_file_bytes()}
+        return host + sum(v.numel() * v.element_size() for state in self.optimizer.state.values()
+                          for v in state.values() if isinstance(v, torch.Tensor) and v.dim() == 0)
+
+    def placement(self, where: str) -> dict:
+        """Bytes of the optimizer state by where it lives: memory on the host, the rest in files (the gradient
+        files: ``gradient_placement``)."""
+        return {"device": 0, "host": self.nbytes(set()), "disk": self.files.nbytes() - self._grad_file_bytes()}
 
     def gradient_placement(self) -> dict:
         """The gradient shard's bytes on disk (its memory, the chunks being written, is the gradients part's)."""

@@ -21,9 +21,10 @@ training (checkpoints, ``gathered_parameters``) the shards are seen through ``sh
 shared mapping, so reads and writes reach the file and the pages leave the resident set with the mapping.
 Reads started ahead are dropped after each step (``invalidate``), because the step changed the files.
 
-A store's methods, ``u`` a unit (= its bucket index): ``shard(u)`` the shard as tensors outside the gather path
-see it; ``fetch(u)`` the all_gather's input on the parameters' device; ``read_ahead(u)``; ``write(u, values,
-start)``; ``invalidate()``; ``placement()`` bytes by where they live.
+A store's methods are the ``ParamStore`` interface (parts.py), ``u`` a unit (= its bucket index): ``shard(u)`` the
+shard as tensors outside the gather path see it; ``fetch(u)`` the all_gather's input on the parameters' device;
+``read_ahead(u)``; ``write(u, values, start)``; ``invalidate()``; ``placement(where)`` bytes by where they live.
+``FileShards`` is a ``FileParamStore`` (``in_files``): ``path(u)`` names unit u's file.
 """
 from __future__ import annotations
 
@@ -41,12 +42,13 @@ from .errors import ZeroConfigError
 from .gradients import tensor_bytes
 from .offload_nvme import _pread, _pwrite, _remove
 from .partition import BucketLayout
+from .parts import FileParamStore, ParamStore
 
 _log = logging.getLogger("zerocomm.zero")
 
 
 def build_param_store(config, layouts: Sequence[BucketLayout], *, dtype: torch.dtype, device: torch.device,
-                      rank: int, by_unit: bool = False):
+                      rank: int, by_unit: bool = False) -> ParamStore:
     """The store for ``config.offload_param`` (stage 3; see the module docstring).  ``by_unit``: the shards will be
     written unit by unit from values that arrive one unit at a time (param_source.py); in memory beside the model
     they then get one tensor per unit, allocated at its first write (``UnitShards``)."""
@@ -72,7 +74,7 @@ def note_unsharded_param_offload(config, rank: int) -> None:
                      "rank", rank, config.offload_param, config.stage)
 
 
-class MemoryShards:
+class MemoryShards(ParamStore):
     """Every unit's shard in one flat tensor on ``device`` (no offload)."""
 
     def __init__(self, numels: Sequence[int], *, dtype: torch.dtype, device: torch.device, pin_memory: bool = False):
@@ -144,7 +146,7 @@ class HostShards(MemoryShards):
         return {"device": 0, "host": tensor_bytes(self.flat), "disk": 0}
 
 
-class FileShards:
+class FileShards(FileParamStore):
     """One file of ``numels[u]`` elements of ``dtype`` per unit under ``folder/zerocomm-params-<pid>-rank<r>-<id>/``,
     removed when this object dies; reads ahead on one I/O thread."""
 

@@ -1,7 +1,8 @@
 """``ZeroOptimizer``: one wrapper for every ZeRO stage, composed of parts the stage chooses.
 
-The stage's row in ``STAGES`` (stages.py) picks three parts; the wrapper owns the hooks, the
-gradient-accumulation boundary and the step, and calls the parts in a fixed order:
+The stage's row in ``STAGES`` (stages.py) names the classes of three parts, whose interfaces parts.py
+declares; the wrapper owns the hooks, the gradient-accumulation boundary and the step, and calls the parts
+in a fixed order:
 
 * ``gradients`` (gradients.py, ``FullGradients`` or ``ShardedGradients``): where a bucket's gradients
   are copied, which collective reduces them, where the reduced elements this rank updates are;
@@ -56,9 +57,7 @@ from .. import comm as dist
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .errors import ZeroConfigError, ZeroStateError
-from .gradients import BucketState, FullGradients, GradientBucket, ShardedGradients, tensor_bytes
-from .offload import build_optimizer_state, state_placement
-from .offload_param import note_unsharded_param_offload
+from .gradients import BucketState, GradientBucket, tensor_bytes
 from .optim_factory import build_optimizer
 from .optimizer_state import OptimizerFactory
 from .param_groups import param_groups_of
@@ -66,12 +65,9 @@ from .param_source import ParamSource, materialize
 from .partition import flatten_params
 from .precision import (LossScaler, cast_inputs, cast_module, clip_coefficient, compute_dtype,
                         global_sum_of_squares, scale_outputs)
-from .replicated import ReplicatedParameters
 from .schedulers import build_scheduler
-from .sharded import ShardedParameters
-from .stages import GradientPlacement, ParameterPlacement, plan_for
+from .stages import build_optimizer_state, plan_for
 from .torch_state import load_rank_state, rank_state
-from .zeropp import build_quantized_reduce_scatter
 
 log = logging.getLogger("zerocomm.zero")
 
@@ -186,63 +182,37 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """The algorithm of the step's collectives: "shm" when every rank shares this host (see ``step_algorithm``)."""
         if self.step_algorithm != config.algorithm:
             config = dataclasses.replace(config, algorithm=self.step_algorithm)  # what the parts read
-        sharded = self.plan.parameters is ParameterPlacement.SHARDED
-        placement = ShardedParameters if sharded else ReplicatedParameters
-        named, self.layouts, *units = placement.plan(model, named, config, self.world_size,
-                                                     param_groups=self.groups.indices(named))
+        parameters_part = self.plan.parameters
+        named, self.layouts, units = parameters_part.plan(model, named, config, self.world_size,
+                                                          param_groups=self.groups.indices(named))
         self.param_names = [name for name, _ in named]
         self.params = [param for _, param in named]
-        streamed = sharded and param_source is not None  # stage 3 reads the source one unit at a time
-        if param_source is not None and not sharded:
-            materialize(param_source, self.params)  # stages 0-2 hold every parameter anyway
+        streamed = parameters_part.reads_source_by_unit and param_source is not None  # read one unit at a time
+        if param_source is not None and not streamed:
+            materialize(param_source, self.params)  # a part that holds every parameter holds them anyway
         if self.dtype != torch.float32:  # the rest of the module in the compute dtype, as DeepSpeed casts it
             cast_module(model, self.dtype, self.params)
         full32 = None if streamed else flatten_params(self.params, self.layouts, torch.float32)
         self._broadcast_initial_state(full32)
-        if sharded:
-            self.parameters = ShardedParameters(self.params, self.layouts, units[0], full32, dtype=self.dtype,
-                                                rank=self.rank, config=config, group=group,
+        self.parameters = parameters_part.build(self.params, self.layouts, units, full32, plan=self.plan,
+                                                config=config, dtype=self.dtype, rank=self.rank, group=group,
                                                 source=param_source if streamed else None)
-        else:
-            note_unsharded_param_offload(config, self.rank)
-            self.parameters = ReplicatedParameters(self.params, self.layouts, full32, dtype=self.dtype,
-                                                   sharded_updates=self.plan.shard_optimizer_state, rank=self.rank,
-                                                   config=config, group=group)
         self._param_shards = [self.parameters.shard(layout) for layout in self.layouts]
-        if self.dtype == torch.float32:
-            copies = None
-        elif streamed:
-            copies, self.parameters.initial_float32 = self.parameters.initial_float32, None
-        else:
-            copies = [self.parameters.owned_float32(full32, layout) for layout in self.layouts]
+        copies = None if self.dtype == torch.float32 else self.parameters.initial_masters(full32)
         bucket_groups = [layout.group for layout in self.layouts]
         grouped = lambda masters: factory(self.groups.shard_groups(masters, bucket_groups))  # noqa: E731
         self.optimizer_state = build_optimizer_state(self.plan.optimizer_state, self._param_shards, copies,
                                                      grouped, self.rank, config,
                                                      device=self.parameters.device,
-                                                     param_store=getattr(self.parameters, "store", None))
+                                                     param_store=self.parameters.store)
         del full32, copies
-        device = self.parameters.device
         # an offloading state starts copying (or writing) each bucket's reduced elements as soon as they are final
-        on_reduced = self._on_reduced if hasattr(self.optimizer_state, "gradient_ready") else None
-        if self.plan.gradients is GradientPlacement.FULL:
-            self.gradients = FullGradients(self.layouts, dtype=self.dtype, device=device, reduction=self.plan.reduction,
-                                           owned=self.parameters.owned, rank=self.rank, group=group,
-                                           algorithm=self.step_algorithm)
-        else:
-            self.gradients = ShardedGradients(self.layouts, dtype=self.dtype, device=device,
-                                              reduction=self.plan.reduction, max_inflight=config.max_inflight_buckets,
-                                              rank=self.rank, group=group, algorithm=self.step_algorithm,
-                                              keep_shard=not getattr(self.optimizer_state, "streams_gradients", False),
-                                              keep_buffers=self.plan.keep_bucket_buffers)
-            quantized = build_quantized_reduce_scatter(config, rank=self.rank, world_size=self.world_size, group=group)
-            if quantized is not None:  # ZeRO++'s qgZ
-                self.gradients.reduce_scatter = quantized
-        self.buckets = [GradientBucket(layout, acquire=self.gradients.acquire, reduce=self.gradients.reduce,
-                                       persistent=self.gradients.persistent, release=self.gradients.release, rank=self.rank,
-                                       on_reduced=on_reduced)
-                        for layout in self.layouts]
-        self.gradients.buckets = self.buckets
+        on_reduced = self._on_reduced if self.optimizer_state.takes_reduced_buckets else None
+        self.gradients = self.plan.gradients.build(self.layouts, plan=self.plan, config=config,
+                                                   parameters=self.parameters, state=self.optimizer_state,
+                                                   dtype=self.dtype, rank=self.rank, world_size=self.world_size,
+                                                   group=group, on_reduced=on_reduced)
+        self.buckets = self.gradients.buckets
         self.scaler = LossScaler(config) if config.precision == "fp16" else None
         self._position = {id(self.params[slot.index]): (layout.index, position)
                           for layout in self.layouts for position, slot in enumerate(layout.slots)}
@@ -453,7 +423,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             sumsq = global_sum_of_squares(grads, self.group, sharded=self.plan.shard_optimizer_state,
                                           algorithm=self.step_algorithm, device=self.device,
                                           world_size=self.world_size,
-                                          partial=getattr(self.optimizer_state, "streamed_sum_of_squares", None))
+                                          partial=self.optimizer_state.streamed_sum_of_squares)
             if self.scaler is not None and not math.isfinite(sumsq):
                 self.scaler.update(overflow=True)
                 self.skipped_steps += 1
@@ -515,12 +485,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         float32 masters (DeepSpeed's ``GatheredParameters(modifier_rank=...)``); without it, stage 3
         discards changes.  ``params``: stage 3 gathers only the units holding these parameters (every
         rank passes the same ones); other stages hold every parameter and ignore it."""
-        if params is not None and self.plan.parameters is ParameterPlacement.SHARDED:
-            units = [self._position[id(p)][0] for p in params if id(p) in self._position]
-            context = self.parameters.gathered(modifier_rank, self.optimizer_state, units)
-        else:
-            context = self.parameters.gathered(modifier_rank, self.optimizer_state)
-        with context:
+        units = None if params is None else [self._position[id(p)][0] for p in params if id(p) in self._position]
+        with self.parameters.gathered(modifier_rank, self.optimizer_state, units):
             yield
 
     @property
@@ -575,9 +541,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         cycle holds), ``optimizer_state`` (float32 master copies and the optimizer's state tensors),
         ``buffers`` (the model's buffers)."""
         self.parameters.wait_all()
-        managed = set(self._position)
-        params = self.parameters.nbytes() + sum(tensor_bytes(p) for p in self.model.parameters()
-                                                if id(p) not in managed)
+        params = self.parameters.nbytes() + self._unmanaged_param_bytes()
         grads = self.gradients.nbytes(self.buckets) + sum(tensor_bytes(p.grad) for p in self.params)
         # fp32 masters are views of the parameters' storage: counted under params, not twice.
         storages = {shard.untyped_storage().data_ptr() for shard in self._param_shards}
@@ -593,16 +557,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         states = self.model_state_bytes()
         where = "host" if self.device.type == "cpu" else "device"
         report = {part: {"device": 0, "host": 0, "disk": 0} for part in states}
-        for part in ("params", "grads", "buffers"):
+        for part in ("grads", "buffers"):
             report[part][where] = states[part]
-        if hasattr(self.parameters, "placement"):  # parameter shards offloaded (stage 3, offload_param)
-            report["params"] = self.parameters.placement(where)
-        if hasattr(self.optimizer_state, "gradient_placement"):  # gradients streamed to files
-            streamed = self.optimizer_state.gradient_placement()
-            report["grads"] = {key: report["grads"][key] + streamed[key] for key in streamed}
-        storages = {shard.untyped_storage().data_ptr() for shard in self._param_shards}
-        report["optimizer_state"] = state_placement(self.optimizer_state, storages)
+        report["params"] = self.parameters.placement(where)  # offloaded parameter shards: host memory, files
+        report["params"][where] += self._unmanaged_param_bytes()
+        streamed = self.optimizer_state.gradient_placement()  # gradients a state streamed to files
+        report["grads"] = {key: report["grads"][key] + streamed[key] for key in streamed}
+        report["optimizer_state"] = self.optimizer_state.placement(where)
         return report
+
+    def _unmanaged_param_bytes(self) -> int:
+        """Bytes of the model's parameters outside ZeRO's care (frozen ones: every rank keeps them whole)."""
+        return sum(tensor_bytes(p) for p in self.model.parameters() if id(p) not in self._position)
 
     def remove_hooks(self) -> None:
         """Detach every hook from the model (the parameters stay views of ZeRO's buffers)."""

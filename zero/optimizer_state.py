@@ -1,8 +1,9 @@
 """Where the optimizer's state lives: float32 masters of this rank's elements, and the torch optimizer.
 
-``DeviceOptimizerState`` keeps them on the parameters' device.  Its methods are the whole contract
-the wrapper uses; the offloading variants have the same methods (``HostOptimizerState`` in offload.py:
-host memory; ``NvmeOptimizerState`` in offload_nvme.py: files), one per ``StatePlacement`` member.
+``DeviceOptimizerState`` keeps them on the parameters' device.  The contract the wrapper uses is the
+``OptimizerState`` interface (parts.py); the offloading variants implement it too (``HostOptimizerState`` in
+offload.py: host memory; ``NvmeOptimizerState`` in offload_nvme.py: files), one per ``StatePlacement`` member
+(``stages.STATE_PARTS``).
 
 [Note: masters that are the parameters]
 In fp32 the master of a bucket is a view of the parameters' own storage (no copy): the optimizer
@@ -20,6 +21,7 @@ from torch import nn
 
 from .errors import ZeroConfigError
 from .gradients import tensor_bytes
+from .parts import OptimizerState
 
 #: ``optimizer_factory(params) -> torch.optim.Optimizer``, called with this rank's float32 master shards.
 OptimizerFactory = Callable[[list], torch.optim.Optimizer]
@@ -35,7 +37,7 @@ def check_optimizer(optimizer, masters: Sequence[torch.Tensor], rank: int) -> No
                               f"{len(masters)} master shards it is given, got {len(given)} other tensors")
 
 
-class MastersInMemory:
+class MastersInMemory(OptimizerState):
     """What the in-memory states share: float32 master tensors ``self.masters`` whose ``.grad`` the step reads,
     and the torch optimizer over them.  Subclasses set both and say when masters and parameters differ."""
 
@@ -82,6 +84,20 @@ class DeviceOptimizerState(MastersInMemory):
             self.masters = [nn.Parameter(values.detach().clone()) for values in full32]
         self.optimizer = factory(list(self.masters))
         check_optimizer(self.optimizer, self.masters, rank)
+        # The parameters' storages, so that ``placement`` leaves out masters that are the parameters as ``nbytes``
+        # does (the shards are views into storages that live as long as the wrapper).
+        self._param_storages = {shard.untyped_storage().data_ptr() for shard in param_shards}
+
+    @classmethod
+    def build(cls, param_shards, full32, factory, rank, config, *, device=None, param_store=None):
+        """Refuses parameter shards that are not on the parameters' ``device`` (stage 3 keeping them in host memory
+        beside an accelerator: the step must run there, which ``offload_optimizer: cpu`` does)."""
+        device = device or param_shards[0].device
+        if param_shards[0].device != device:
+            raise ZeroConfigError(f"rank {rank}: offload_param 'cpu' keeps the parameter shards of a model on {device} "
+                                  f"in host memory, so the optimizer steps there too: it needs offload_optimizer 'cpu' "
+                                  f"(got {config.offload_optimizer!r})")
+        return cls(param_shards, full32, factory, rank)
 
     def set_gradients(self, grads: Sequence[torch.Tensor], factor: float) -> list:
         """Give every master its gradient (``grads`` per bucket, in the parameters' dtype) times ``factor``;
@@ -120,3 +136,9 @@ class DeviceOptimizerState(MastersInMemory):
             seen.add(tensor.data_ptr())
             total += tensor_bytes(tensor)
         return total
+
+    def placement(self, where: str) -> dict:
+        """All of ``nbytes`` beside the parameters (``where``)."""
+        out = {"device": 0, "host": 0, "disk": 0}
+        out[where] = self.nbytes(self._param_storages)
+        return out

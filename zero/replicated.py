@@ -29,10 +29,12 @@ from torch import nn
 from .. import comm as dist
 from .config import ZeroConfig
 from .gradients import tensor_bytes
+from .offload_param import note_unsharded_param_offload
 from .partition import BucketLayout, bind_params, group_consecutive, plan_buckets
+from .parts import ParametersPart
 
 
-class ReplicatedParameters:
+class ReplicatedParameters(ParametersPart):
     """The full parameters in one flat buffer; each rank's updated chunks all-gathered after the step.
 
     Args:
@@ -67,13 +69,21 @@ class ReplicatedParameters:
 
     @staticmethod
     def plan(model: nn.Module, named: list, config: ZeroConfig, world_size: int,
-             param_groups: Optional[Sequence[int]] = None) -> tuple[list, list]:
-        """(named parameters in layout order, buckets): greedy buckets in gradient-ready order, each holding
-        parameters of one group (``param_groups``: each parameter's group)."""
+             param_groups: Optional[Sequence[int]] = None) -> tuple[list, list, None]:
+        """(named parameters in layout order, buckets, no units): greedy buckets in gradient-ready order, each
+        holding parameters of one group (``param_groups``: each parameter's group)."""
         layouts = plan_buckets([(name, tuple(p.shape)) for name, p in named], config.reduce_bucket_numel,
                                world_size, config.shard_alignment, param_groups=param_groups)
         by_name = dict(named)
-        return [(slot.name, by_name[slot.name]) for layout in layouts for slot in layout.slots], layouts
+        return [(slot.name, by_name[slot.name]) for layout in layouts for slot in layout.slots], layouts, None
+
+    @classmethod
+    def build(cls, params, layouts, units, full32, *, plan, config, dtype, rank, group, source=None):
+        """Updates sharded as ``plan.shard_optimizer_state`` says; ``offload_param`` is noted and ignored (every
+        rank keeps every parameter for forward)."""
+        note_unsharded_param_offload(config, rank)
+        return cls(params, layouts, full32, dtype=dtype, sharded_updates=plan.shard_optimizer_state, rank=rank,
+                   config=config, group=group)
 
     # -- what the optimizer updates --------------------------------------------------------------
     @property
@@ -90,12 +100,21 @@ class ReplicatedParameters:
         lo, hi = self.owned(layout)
         return self.flat[layout.offset + lo:layout.offset + hi]
 
-    def owned_float32(self, full32: torch.Tensor, layout: BucketLayout) -> torch.Tensor:
-        lo, hi = self.owned(layout)
-        return full32[layout.offset + lo:layout.offset + hi]
+    def initial_masters(self, full32: Optional[torch.Tensor]) -> list:
+        """Views of ``full32``: per bucket, its ``owned`` elements."""
+        out = []
+        for layout in self.layouts:
+            lo, hi = self.owned(layout)
+            out.append(full32[layout.offset + lo:layout.offset + hi])
+        return out
 
     def nbytes(self) -> int:
         return tensor_bytes(self.flat)
+
+    def placement(self, where: str) -> dict:
+        out = {"device": 0, "host": 0, "disk": 0}
+        out[where] = self.nbytes()
+        return out
 
     # -- hooks ------------------------------------------------------------------------------------
     def install(self, model: nn.Module) -> list:
@@ -190,7 +209,9 @@ class ReplicatedParameters:
 
     # -- access outside forward ---------------------------------------------------------------
     @contextlib.contextmanager
-    def gathered(self, modifier_rank: Optional[int], optimizer_state) -> Iterator[None]:
+    def gathered(self, modifier_rank: Optional[int], optimizer_state,
+                 units: Optional[Sequence[int]] = None) -> Iterator[None]:
+        """Every parameter is here: wait for the post-step gather (``units`` makes no difference)."""
         self.wait_all()
         yield
         if modifier_rank is not None:

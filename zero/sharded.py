@@ -55,6 +55,7 @@ from .errors import ZeroStateError
 from .gradients import release_storage, tensor_bytes
 from .offload_param import build_param_store
 from .partition import BucketLayout, layout_groups, slot_views
+from .parts import ParametersPart, ParamStore
 from .units import plan_units, split_units_by_group
 from .zeropp import build_unit_gathers
 
@@ -67,7 +68,7 @@ class UnitState(enum.Enum):
     GATHERED = "gathered"
 
 
-class ShardedParameters:
+class ShardedParameters(ParametersPart):
     """This rank's parameter shard (one chunk of every unit); units gathered just before they compute.
 
     Args:
@@ -83,6 +84,7 @@ class ShardedParameters:
     """
 
     sharded_updates = True
+    reads_source_by_unit = True
 
     def __init__(self, params: Sequence[nn.Parameter], layouts: Sequence[BucketLayout], units: list,
                  full32: Optional[torch.Tensor], *, dtype: torch.dtype, rank: int, config: ZeroConfig, group=None,
@@ -93,7 +95,8 @@ class ShardedParameters:
         self.dtype = dtype
         self.device = device = full32.device if full32 is not None else self.params[0].device
         by_unit = {"by_unit": True} if source is not None else {}  # filled unit by unit: no whole shard reserved
-        self.store = build_param_store(config, self.layouts, dtype=dtype, device=device, rank=rank, **by_unit)
+        self.store: ParamStore = build_param_store(config, self.layouts, dtype=dtype, device=device, rank=rank,
+                                                   **by_unit)
         """Where this rank's shard lives (offload_param.py)."""
         self.full: list[torch.Tensor] = []
         self._state: list[UnitState] = []
@@ -150,6 +153,10 @@ class ShardedParameters:
         return named, layout_groups(groups, world_size, config.shard_alignment,
                                     param_groups=[unit.group for unit in units]), units
 
+    @classmethod
+    def build(cls, params, layouts, units, full32, *, plan, config, dtype, rank, group, source=None):
+        return cls(params, layouts, units, full32, dtype=dtype, rank=rank, config=config, group=group, source=source)
+
     def _collectives_pin_storage(self, device) -> bool:
         """Whether a collective on a tensor leaves its storage unresizable (a backend that hands its
         library numpy views pins the storage; zerocomm's own backends do not, so this only guards other
@@ -168,9 +175,17 @@ class ShardedParameters:
         """This rank's elements of ``layout``'s unit (offloaded to files: a mapping of its file)."""
         return self.store.shard(layout.index)
 
-    def owned_float32(self, full32: torch.Tensor, layout: BucketLayout) -> torch.Tensor:
-        lo, hi = layout.chunk_bounds(self.rank)
-        return full32[layout.offset + lo:layout.offset + hi]
+    def initial_masters(self, full32: Optional[torch.Tensor]) -> list:
+        """Per unit, this rank's chunk in float32: kept from the source (read unit by unit: handed over once and
+        forgotten), else views of ``full32``."""
+        if self.initial_float32 is not None:
+            kept, self.initial_float32 = self.initial_float32, None
+            return kept
+        out = []
+        for layout in self.layouts:
+            lo, hi = layout.chunk_bounds(self.rank)
+            out.append(full32[layout.offset + lo:layout.offset + hi])
+        return out
 
     def nbytes(self) -> int:
         """Bytes in memory: the shard where it is in memory (device or host), and the gathered units."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .. import topology
 from .compressed import all_reduce_onebit
 from .hierarchical import (
     all_gather_hierarchical,
@@ -66,6 +67,10 @@ from .tree import (
     reduce_tree,
     scatter_tree,
 )
+
+# topology sits below the algorithms and imports none: the ring is handed to it here, for callers that pass no
+# all_gather of their own to topology.hosts (shm.arena, below the algorithms too).
+topology.use_all_gather(all_gather_ring)
 
 #: Every collective an algorithm may serve, in the order tables list them.
 COLLECTIVES = (

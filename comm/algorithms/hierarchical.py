@@ -122,7 +122,7 @@ def _layout(t: Transport, tag: int, deadline: Optional[float]) -> _Layout:
     known = t.local.hierarchy
     if known is not None:
         return known
-    names = topology.hosts(t, tag=tag, deadline=deadline)
+    names = topology.hosts(t, tag=tag, deadline=deadline, all_gather=all_gather_ring)
     # Split keys must be new in the backend's store even when a store outlives a communicator (a
     # world torn down and made again over the same file): rank 0 draws a nonce for this backend.
     nonce = torch.frombuffer(bytearray(os.urandom(8)), dtype=torch.uint8).clone()
@@ -160,8 +160,10 @@ def host_communicator(t: Transport, *, tag: int, deadline: Optional[float]) -> O
     return _comms(t, lay, lay.hosts)[lay.host_of[t.rank]]
 
 
+@Transport.on_close
 def release(t: Transport, abandon: bool = False) -> None:
-    """Close the sub-communicators hierarchical made over ``t`` (its backend's ``close`` calls this)."""
+    """Close the sub-communicators hierarchical made over ``t`` (a close hook: its backend's ``close`` runs
+    it, see ``Transport.on_close``)."""
     local = t.local
     lay, local.hierarchy = local.hierarchy, None
     if lay is not None:

@@ -41,6 +41,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ...ops.chunk import partition_bounds
 from ...ops.reduce import KERNELS, finalize_
 from ..transport import Request, Transport
 
@@ -50,19 +51,8 @@ RECV_DEPTH = 4
 Region = Optional[torch.Tensor]
 
 
-def _bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    """``[0, numel)`` in ``parts`` balanced ranges, the first ``numel % parts`` one longer."""
-    base, extra = divmod(numel, parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (i < extra)
-        out.append((start, end))
-        start = end
-    return out
-
-
 def _segment_count(longest_chunk: int, elem_size: int, segment_bytes: int) -> int:
-    """``S``: segments per chunk so the longest chunk's segments fit ``segment_bytes`` (0: unsegmented)."""
+    """``S``: segments per chunk so the longest chunk's segments fit ``segment_bytes`` (1: unsegmented)."""
     if segment_bytes <= 0 or longest_chunk == 0:
         return 1
     seg = max(1, segment_bytes // elem_size)
@@ -157,10 +147,10 @@ def all_reduce_ring(t: Transport, tensor: torch.Tensor, op: str, *, tag: int, de
             finalize_(buf, op, n)
         return
     combine = KERNELS[op]
-    chunks = _bounds(buf.numel(), n)
+    chunks = partition_bounds(buf.numel(), n)
     nsegs = _segment_count(chunks[0][1] - chunks[0][0], buf.element_size(), segment_bytes)
     # pieces[c][k]: chunk c's segment k as absolute offsets.
-    pieces = [[(lo + a, lo + b) for a, b in _bounds(hi - lo, nsegs)] for lo, hi in chunks]
+    pieces = [[(lo + a, lo + b) for a, b in partition_bounds(hi - lo, nsegs)] for lo, hi in chunks]
     longest = pieces[0][0][1] - pieces[0][0][0]
     scratch = [torch.empty(longest, dtype=buf.dtype, device=buf.device) for _ in range(2)]
     ring: _RingPass
@@ -207,7 +197,7 @@ def reduce_scatter_ring(t: Transport, output: torch.Tensor, input: torch.Tensor,
     if m == 0:
         return
     combine = KERNELS[op]
-    segs = _bounds(m, _segment_count(m, inp.element_size(), segment_bytes))
+    segs = partition_bounds(m, _segment_count(m, inp.element_size(), segment_bytes))
     longest = segs[0][1] - segs[0][0]
     in_place = out.data_ptr() == inp[r * m:].data_ptr()
     scratch = [torch.empty(longest, dtype=inp.dtype, device=inp.device) for _ in range(2)]
@@ -268,7 +258,7 @@ def all_gather_ring(t: Transport, output: torch.Tensor, input: torch.Tensor, *, 
         out[r * m:(r + 1) * m].copy_(inp)
     if n == 1 or m == 0:
         return
-    segs = _bounds(m, _segment_count(m, inp.element_size(), segment_bytes))
+    segs = partition_bounds(m, _segment_count(m, inp.element_size(), segment_bytes))
 
     def region(c: int, k: int) -> Region:
         a, b = segs[k]

@@ -48,6 +48,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ...ops.chunk import partition_bounds
 from ...ops.reduce import KERNELS, KERNELS_OUT
 from .. import shm
 from ..transport import PeerFailure, Transport
@@ -61,16 +62,6 @@ DIRECT_BYTES = 256 << 10
 #: combining it: small enough to stay in cache between the read and the combine, large enough that the
 #: calls' overhead stays small (1 MiB measured best of 256 KiB-2 MiB at 16 MiB, 2 ranks on 2 cores).
 BLOCK_BYTES = 1 << 20
-
-
-def _bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    base, extra = divmod(numel, parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (i < extra)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def _piece_bytes(a: shm.Arena, segment_bytes: int) -> int:
@@ -130,7 +121,7 @@ _UFUNCS = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minim
            "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 
 
-#: The dtypes and ops the C small path (``shm._shmfast``, when built) reduces: their codes there.
+#: The dtypes and ops the C small path (``_shmfast``, when built: ``shm.small_round_in_c``) reduces: their codes there.
 FAST_KINDS = {torch.float32: 0, torch.float64: 1, torch.int32: 2, torch.int64: 3}
 FAST_OPS = {"sum": 0, "avg": 1, "product": 2, "min": 3, "max": 4, "band": 5, "bor": 6, "bxor": 7}
 
@@ -144,7 +135,7 @@ def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, 
     (``Arena.reduce_small_c``: the same bits); other dtypes numpy has run as numpy ufuncs on cached
     views (``Arena.numpy_view``), the rest as torch kernels.
     """
-    if out_ranks and shm._shmfast is not None:
+    if out_ranks and shm.small_round_in_c():
         kind = FAST_KINDS.get(tensor.dtype)
         if kind is not None:
             a.reduce_small_c(tensor, kind, FAST_OPS[op], deadline, what)
@@ -208,7 +199,7 @@ def _reduce_pipelined(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str,
         hi = min(numel, lo + piece)
         parts = slices.get(hi - lo)
         if parts is None:
-            parts = slices[hi - lo] = _bounds(hi - lo, n)
+            parts = slices[hi - lo] = partition_bounds(hi - lo, n)
         return lo, hi, parts
 
     def source(k: int, p: int) -> torch.Tensor:
@@ -301,7 +292,7 @@ def _reduce_direct(t: Transport, a: shm.Arena, tensor: torch.Tensor, op: str, de
     block = max(1, BLOCK_BYTES // es)
     scratch = a.scratch(dtype, block) if addresses else None
     combine = KERNELS[op]
-    base, extra = numel // n, numel % n  # this rank's slice of _bounds(numel, n), without the list
+    base, extra = numel // n, numel % n  # this rank's slice of partition_bounds(numel, n), without the list
     s = r * base + (r if r < extra else extra)
     e = s + base + (r < extra)
     for b0 in range(s, e, block):

@@ -103,6 +103,24 @@ def _parent(v: int) -> int:
     return v - _lowbit(v)
 
 
+def _place(t: Transport, root: int, block: torch.Tensor, segment_bytes: int) -> tuple:
+    """``(n, m, v, seg, size)`` of a gather or scatter of ``block`` (a rank's own block): the ranks, a block's
+    elements, this rank's place in the tree rooted at ``root`` (the root's is 0), the elements of a segment, and
+    the blocks of this rank's subtree."""
+    n, m = t.size, block.numel()
+    v = (t.rank - root) % n
+    return n, m, v, segment_elems(block, segment_bytes), _subtree_size(v, n)
+
+
+def _alone(t: Transport, out: Optional[torch.Tensor], inp: Optional[torch.Tensor]) -> bool:
+    """One rank: its own block is the whole result, copied from ``inp`` into ``out`` unless they are one memory."""
+    if t.size != 1:
+        return False
+    if not same_memory(out, inp):
+        out.copy_(inp)
+    return True
+
+
 def broadcast_tree(
     t: Transport, tensor: torch.Tensor, root: int, *, tag: int, deadline: Optional[float], segment_bytes: int
 ) -> None:
@@ -325,25 +343,11 @@ def gather_tree(
     _gather(t, out, inp, root, tag, deadline, segment_bytes)
 
 
-def _gather(
-    t: Transport,
-    out: Optional[torch.Tensor],
-    inp: torch.Tensor,
-    root: int,
-    tag: int,
-    deadline: Optional[float],
-    segment_bytes: int,
-) -> None:
-    n, m = t.size, inp.numel()
-    v = (t.rank - root) % n
-    if n == 1:
-        if not same_memory(out, inp):
-            out.copy_(inp)
+def _gather(t: Transport, out: Optional[torch.Tensor], inp: torch.Tensor, root: int, tag: int,
+            deadline: Optional[float], segment_bytes: int) -> None:
+    if _alone(t, out, inp) or inp.numel() == 0:
         return
-    if m == 0:
-        return
-    seg = segment_elems(inp, segment_bytes)
-    size = _subtree_size(v, n)
+    n, m, v, seg, size = _place(t, root, inp, segment_bytes)
     # buf holds blocks v .. v+size-1 in virtual order; the root's virtual order is real order only when root == 0.
     if v == 0 and root == 0:
         buf = out
@@ -386,25 +390,11 @@ def scatter_tree(
     _scatter(t, out, inp, root, tag, deadline, segment_bytes)
 
 
-def _scatter(
-    t: Transport,
-    out: torch.Tensor,
-    inp: Optional[torch.Tensor],
-    root: int,
-    tag: int,
-    deadline: Optional[float],
-    segment_bytes: int,
-) -> None:
-    n, m = t.size, out.numel()
-    v = (t.rank - root) % n
-    if n == 1:
-        if not same_memory(out, inp):
-            out.copy_(inp)
+def _scatter(t: Transport, out: torch.Tensor, inp: Optional[torch.Tensor], root: int, tag: int,
+             deadline: Optional[float], segment_bytes: int) -> None:
+    if _alone(t, out, inp) or out.numel() == 0:
         return
-    if m == 0:
-        return
-    seg = segment_elems(out, segment_bytes)
-    size = _subtree_size(v, n)
+    n, m, v, seg, size = _place(t, root, out, segment_bytes)
     if v == 0 and root == 0:
         buf = inp
     elif v == 0:
@@ -456,12 +446,9 @@ def reduce_scatter_tree(
     """
     out = output
     inp = input
-    n = t.size
-    if n == 1:
-        if not same_memory(out, inp):
-            out.copy_(inp)
+    if _alone(t, out, inp):
         if op == "avg":
-            finalize_(out, op, n)
+            finalize_(out, op, 1)
         return
     if out.numel() == 0:
         return

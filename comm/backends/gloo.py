@@ -22,8 +22,6 @@ import torch.distributed as td
 
 from ...ops.reduce import finalize_
 from ..environment import gloo_socket_interfaces
-from ..shm import release as release_shared_memory
-from ..algorithms.hierarchical import release as release_sub_communicators
 from ..transport import Backend, PeerFailure, Request, members_arrive
 from .gloo_exits import PeerExit, release as release_exit, watch as watch_exit
 
@@ -327,8 +325,7 @@ class GlooBackend(Backend):
         return GlooBackend(store, list(ranks).index(self.rank), len(ranks), self.timeout, deadline)
 
     def close(self, abandon: bool = False) -> None:
-        release_shared_memory(self)
-        release_sub_communicators(self, abandon)
+        self.release_attached(abandon)  # what the layers above keep on it (Transport.on_close)
         exits, self._exits = self._exits, None
         for peer_exit in exits or ():
             if peer_exit is not None:

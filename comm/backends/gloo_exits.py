@@ -166,6 +166,13 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 # -- c10d's Work::abort, which torch does not bind in Python -------------------------------------------
 
+#: The torch releases whose build this reading was checked against (``tests/test_layers.py`` aborts a real gloo
+#: receive with :func:`abort` and fails on a torch not listed here): pybind11's instance layout, the Itanium
+#: vtable layout and the mangled names below are torch's build, not its API, so every torch upgrade re-runs
+#: that test and adds its version here.  This module is the only one in zerocomm that reads them, and only
+#: ``backends/gloo.py`` imports it.
+VERIFIED_TORCH = ("2.13.0",)
+
 #: Where pybind11 keeps a bound object's C++ pointer, and then its holder (an intrusive_ptr: the same pointer).
 _HEAD = object.__basicsize__
 _ABORTS: Optional[dict] = None

@@ -53,8 +53,7 @@ from typing import Dict, List, NoReturn, Optional, Sequence
 import torch
 
 from ...ops.reduce import finalize_, reduce_
-from ..shm import release as release_shared_memory
-from ..algorithms.hierarchical import release as release_sub_communicators
+from ..errors import UnsupportedError
 from ..transport import Backend, PeerFailure, Request, members_arrive
 from .mpi_start import _mpifast, bind_extension  # _mpifast: the optional C hot loop (see the note), or None
 
@@ -260,7 +259,6 @@ class MpiBackend(Backend):
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
         provided = MPI.Query_thread()
         if provided < MPI.THREAD_MULTIPLE:
-            from ..errors import UnsupportedError
             names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
                      MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
             raise UnsupportedError(
@@ -354,8 +352,7 @@ class MpiBackend(Backend):
     def close(self, abandon: bool = False) -> None:
         """Settle the requests left behind (see the note), then free the communicators and user ops."""
         self.settle_orphans()
-        release_shared_memory(self)
-        release_sub_communicators(self, abandon)
+        self.release_attached(abandon)  # what the layers above keep on it (Transport.on_close)
         for comm in (self.p2p, self.comm):
             try:
                 comm.Free()  # legal with requests still posted: MPI frees it once they complete

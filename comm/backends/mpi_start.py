@@ -13,6 +13,8 @@ import threading
 import time
 from typing import List, Optional
 
+from ..errors import CommError, CommTimeoutError
+
 try:
     from . import _mpifast  # the MPI backend's optional C hot loop (see mpi.py's note)
 except ImportError:  # not built (no compiler at install time): everything runs through mpi4py
@@ -83,9 +85,6 @@ def init_mpi_within(seconds: float) -> None:
 
 
 def _init_thread_multiple(MPI, seconds: float) -> None:
-    import ctypes
-
-    from ..errors import CommError, CommTimeoutError
     path = loaded_libmpi()
     if path is None:  # no loaded library to call: mpi4py's own call, without a deadline
         MPI.Init_thread(MPI.THREAD_MULTIPLE)

@@ -27,6 +27,7 @@ import torch.distributed as td
 
 from ...ops.reduce import finalize_
 from ..environment import gloo_socket_interfaces
+from ..errors import UnsupportedError
 from ..transport import Backend, Request
 from .gloo import make_devices
 
@@ -111,7 +112,6 @@ class NcclBackend(Backend):
     def create(cls, init_method, timeout, world_size, rank, store) -> "NcclBackend":
         reason = nccl_available()
         if reason is not None:
-            from ..errors import UnsupportedError
             raise UnsupportedError(f"init_process_group: backend 'nccl' is unavailable: {reason}; use 'gloo' or 'mpi'")
         if store is None:
             store, rank, world_size = next(td.rendezvous(init_method or "env://", rank, world_size, timeout=timeout))
@@ -142,6 +142,7 @@ class NcclBackend(Backend):
                           len(ranks), self.timeout, self.device)
 
     def close(self, abandon: bool = False) -> None:
+        self.release_attached(abandon)  # what the layers above keep on it (Transport.on_close)
         for pg in (self.pg, self.p2p_pg):
             try:
                 pg.shutdown()

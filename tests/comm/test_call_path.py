@@ -3,9 +3,10 @@
 A reader follows ``zerocomm.comm.all_reduce`` to the bytes moving through these files and no
 others: the public function (api) finds its cell's plan (plan), whose record the group orders,
 tags and runs (group) inside the mismatch check (check; on one host a round of the shared segment,
-shm), then the algorithm or the backend.  The first call of a cell also passes the full checks
-(validate), which make the plan; later calls find it cached.  Each rank traces the first call of a
-cell on a group of its own and a later one with ``sys.setprofile`` and compares the functions entered.
+shm), then the algorithm (with ``ops/chunk.py``'s split) or the backend.  The first call of a cell
+also passes the full checks (validate), which make the plan; later calls find it cached.  Each rank
+traces the first call of a cell on a group of its own and a later one with ``sys.setprofile`` and
+compares the functions entered.
 """
 import os
 import sys
@@ -78,7 +79,9 @@ def test_the_first_call_and_a_later_one_take_one_route(world):
             if "comm/group.py:_enqueue" not in later:  # else the group's executor thread runs it, check and all
                 assert any(f.startswith("comm/check.py:") for f in later), where  # the check wraps every call
             others = files - ROUTE
-            assert all(f.startswith(("comm/algorithms/", "comm/backends/")) for f in others), (others, where)
+            # The algorithm's and the backend's own files, and the chunk arithmetic the ring and shm split with.
+            assert all(f.startswith(("comm/algorithms/", "comm/backends/")) or f == "ops/chunk.py"
+                       for f in others), (others, where)
             # A later call's route is the first call's, without the full checks and the plan's making.
             # (A peer late to a round makes its wait a function of its own: on either call, by timing alone; so does
             # the look between sleeps at whether a missing peer left the call, abandon.py.)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerocomm.comm import process_group
+from zerocomm.comm import bootstrap
 from zerocomm.comm.errors import InvalidArgumentError
 
 from launchers.test_launchers import readme_example
@@ -45,16 +45,16 @@ sys.exit(run_forked({n}, "cpu:gloo,cuda:nccl-standin", world_body))
 
 
 def test_backend_strings_parse_as_torch_takes_them():
-    assert process_group._device_backends("gloo") == ("gloo", None)
-    assert process_group._device_backends("nccl") == ("nccl", None)  # NCCL alone, as torch's "nccl"
-    assert process_group._device_backends("cuda:nccl") == ("nccl", None)
-    assert process_group._device_backends("cpu:gloo") == ("gloo", None)
-    assert process_group._device_backends("cpu:gloo,cuda:nccl") == ("gloo", "nccl")
-    assert process_group._device_backends("cuda:nccl,cpu:gloo") == ("gloo", "nccl")
-    assert process_group._device_backends("cpu:gloo,cuda:gloo") == ("gloo", None)  # CUDA staged through the host
+    assert bootstrap.device_backends("gloo") == ("gloo", None)
+    assert bootstrap.device_backends("nccl") == ("nccl", None)  # NCCL alone, as torch's "nccl"
+    assert bootstrap.device_backends("cuda:nccl") == ("nccl", None)
+    assert bootstrap.device_backends("cpu:gloo") == ("gloo", None)
+    assert bootstrap.device_backends("cpu:gloo,cuda:nccl") == ("gloo", "nccl")
+    assert bootstrap.device_backends("cuda:nccl,cpu:gloo") == ("gloo", "nccl")
+    assert bootstrap.device_backends("cpu:gloo,cuda:gloo") == ("gloo", None)  # CUDA staged through the host
     for bad in ("cpu:nccl", "cpu:gloo,cpu:gloo", "tpu:xla", "cpu:gloo,cuda:mpi"):
         with pytest.raises(InvalidArgumentError, match="device:backend"):
-            process_group._device_backends(bad)
+            bootstrap.device_backends(bad)
 
 
 def test_default_backend_is_cpu_and_cuda_where_every_local_rank_has_a_gpu(monkeypatch):
@@ -62,11 +62,11 @@ def test_default_backend_is_cpu_and_cuda_where_every_local_rank_has_a_gpu(monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert process_group._default_backend() == "cpu:gloo,cuda:nccl"
+    assert bootstrap.default_backend() == "cpu:gloo,cuda:nccl"
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # two ranks per GPU: NCCL refuses that; gloo stages CUDA tensors
-    assert process_group._default_backend() == "gloo"
+    assert bootstrap.default_backend() == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert process_group._default_backend() == "gloo"
+    assert bootstrap.default_backend() == "gloo"
 
 
 #: Loaded first in every rank: CUDA reported present, a GPU per local rank, before the README's script runs.

@@ -390,8 +390,8 @@ def test_invalid_timeouts_are_refused():
 
 @pytest.mark.timeout(30)
 def test_mpi_outside_a_launcher_needs_world_size_one(monkeypatch):
-    from zerocomm.comm.process_group import _MPI_LAUNCH_VARS
-    for name in _MPI_LAUNCH_VARS:
+    from zerocomm.comm.bootstrap import MPI_LAUNCH_VARS
+    for name in MPI_LAUNCH_VARS:
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(dist.InvalidArgumentError, match="no MPI launcher started"):
         dist.init_process_group("mpi")

@@ -127,8 +127,8 @@ class _FakeGroup:
     def __init__(self):
         from zerocomm.comm import flight
         self.flight = [None] * flight.RING
-        self._seq = self._flight_origin = 1000
-        self._flight_started = self._flight_done = None
+        self.seq = self.flight_origin = 1000
+        self.flight_started = self.flight_done = None
         self.failure = None
         self.name = "g9"
 
@@ -137,10 +137,10 @@ def _record(group, collective="all_reduce", nbytes=8):
     """What Group.run writes for one call."""
     from zerocomm.comm import flight
     from zerocomm.comm import check
-    group._seq += 1
+    group.seq += 1
     code = sys._getframe().f_code
     cell = check.fingerprint_cell(collective, "sum", torch.float32, -1, "ring")
-    group.flight[group._seq & flight.MASK] = (group._seq, (hash(cell), cell), nbytes, code, 0)
+    group.flight[group.seq & flight.MASK] = (group.seq, (hash(cell), cell), nbytes, code, 0)
 
 
 def _tag(group, seq):
@@ -167,9 +167,9 @@ def test_a_records_state_follows_the_groups_marks():
     group = _FakeGroup()
     for _ in range(4):
         _record(group)
-    first = group._flight_origin
-    group._flight_started = group._flight_done = _tag(group, first + 2)  # #1, #2 done
-    group._flight_started = _tag(group, first + 3)  # #3 running, #4 queued behind it
+    first = group.flight_origin
+    group.flight_started = group.flight_done = _tag(group, first + 2)  # #1, #2 done
+    group.flight_started = _tag(group, first + 3)  # #3 running, #4 queued behind it
     states = [flight.as_row(group, record)[6] for record in flight.records(group)]
     assert states == ["completed", "completed", "started", "queued"]
     group.failure = RuntimeError("timed out")

@@ -232,9 +232,9 @@ def test_the_guide_names_what_is_read_and_the_port_rule():
 
 def test_mpi_launchers_are_recognised_as_init_recognises_them():
     # init_process_group() picks "mpi" on these variables; the Slurm reading must step aside on the same ones.
-    from zerocomm.comm import process_group, slurm
+    from zerocomm.comm import bootstrap, slurm
 
-    assert set(slurm._MPI_MARKERS) == set(process_group._MPI_LAUNCH_VARS)
+    assert set(slurm._MPI_MARKERS) == set(bootstrap.MPI_LAUNCH_VARS)
 
 
 @pytest.mark.parametrize("tasks_on_node,gpus,backend", [("2", 2, "cpu:gloo,cuda:nccl"), ("4", 2, "gloo"), ("2", 0, "gloo")])
@@ -245,7 +245,7 @@ def test_the_default_backend_counts_the_nodes_tasks_from_slurm(tasks_on_node, gp
 
     import torch
 
-    from zerocomm.comm import process_group
+    from zerocomm.comm import bootstrap
 
     env = srun(0, SLURM_NODEID="0", SLURM_LOCALID="0", SLURM_STEP_TASKS_PER_NODE=tasks_on_node,
                SLURM_STEP_NUM_TASKS=tasks_on_node, SLURM_STEP_NODELIST="gpu01")
@@ -254,4 +254,4 @@ def test_the_default_backend_counts_the_nodes_tasks_from_slurm(tasks_on_node, gp
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     slurm_filled = fill_torch_env(None, env)
     assert slurm_filled["LOCAL_WORLD_SIZE"] == tasks_on_node
-    assert process_group._default_backend() == backend
+    assert bootstrap.default_backend() == backend
