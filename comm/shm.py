@@ -62,7 +62,6 @@ they are kept on the backend object beside the arena and forgotten with it (:fun
 from __future__ import annotations
 
 import ctypes
-import itertools
 import mmap
 import os
 import platform
@@ -548,8 +547,10 @@ class Arena:
                                  f"of {self.slot_bytes} bytes in a group of {self.n}")
         if _shmfast is not None:
             words = array("q", (len(ins), len(outs)))
-            words.extend(itertools.chain.from_iterable(ins))
-            words.extend(itertools.chain.from_iterable(outs))
+            for entry in ins:  # a loop of extends: faster than one chained extend for the few entries a round has
+                words.extend(entry)
+            for entry in outs:
+                words.extend(entry)
             self._slot_round(words.buffer_info()[0], 0, 4, 9, deadline, what)  # kind 4 (bytes), op 9 (MOVE)
             return
         k = self.rounds.round
