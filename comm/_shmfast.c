@@ -1,4 +1,5 @@
-/* The small shared-memory all_reduce in C: one call copies in and arrives, one combines.
+/* The small shared-memory all_reduce in C: one call copies in and arrives, one combines; and a round of the other
+ * shared-memory collectives (op MOVE below): one call copies in, arrives and copies out.
  *
  * Optional: comm/algorithms/shm.py's small all_reduce uses it when it imports, and runs the same
  * steps in Python (numpy ufuncs on cached views, Arena.sync) otherwise.  The layout is the arena's
@@ -22,7 +23,12 @@
  * slot in rank order — so every rank ends with the same bits, and the same bits as the fallback's (ints
  * wrap; min/max propagate NaN like numpy.minimum/maximum; avg is the sum divided by n), and returns 0.
  * kind: 0 float32, 1 float64, 2 int32, 3 int64; 4 bytes, with op 8 (GATHER): every rank's nelem bytes at
- * data + rank * nelem are copied into data + p * nelem of every rank p (an all_gather round).  op: 0 sum, 1 avg, 2 product, 3 min, 4 max, 5 band,
+ * data + rank * nelem are copied into data + p * nelem of every rank p (an all_gather round); kind 4 with op 9
+ * (MOVE): `data` is the address of a list of copies (int64 words, nelem 0): n_in, n_out, then n_in triples
+ * (source address, offset in this rank's slot, bytes) copied into this rank's slot before it arrives, then n_out
+ * quads (destination address, peer, offset in that peer's slot, bytes) copied out of the peers' slots once every
+ * peer arrived (a round of broadcast, scatter, gather, all_to_all, ... and the non-root side of a reduce; every
+ * entry is checked to lie within a slot before any byte moves).  op: 0 sum, 1 avg, 2 product, 3 min, 4 max, 5 band,
  * 6 bor, 7 bxor (comm/algorithms/shm.py's FAST_KINDS and FAST_OPS; bitwise ops and ints only where the
  * caller admits them).
  */
@@ -135,6 +141,31 @@ static int combine_kind(int kind, void *out, const void *x, const void *y, Py_ss
 /* op GATHER with kind 4 (bytes): every rank's nelem bytes at data + rank * nelem go through its slot into
  * data + p * nelem on every rank (an all_gather round) instead of being reduced. */
 #define GATHER 8
+/* op MOVE with kind 4: `data` points at a list of copies in and out of the slots (the module note). */
+#define MOVE 9
+#define IS_BYTES_OP(op) ((op) == GATHER || (op) == MOVE)
+
+/* The copies of a MOVE round at `d`: 0 if every one lies within a slot (and every peer is a rank), else -1 with an
+ * exception set.  Checked before the round copies or arrives, so a bad list moves nothing. */
+static int move_valid(const int64_t *d, Py_ssize_t n, Py_ssize_t slot_bytes) {
+    int64_t n_in = d[0], n_out = d[1];
+    if (n_in < 0 || n_out < 0 || n_in > 4 * n || n_out > 4 * n)
+        goto bad;
+    for (int64_t i = 0; i < n_in; i++) {
+        const int64_t *e = d + 2 + 3 * i;
+        if (e[1] < 0 || e[2] < 0 || e[1] > slot_bytes - e[2])
+            goto bad;
+    }
+    for (int64_t i = 0; i < n_out; i++) {
+        const int64_t *e = d + 2 + 3 * n_in + 4 * i;
+        if (e[1] < 0 || e[1] >= n || e[2] < 0 || e[3] < 0 || e[2] > slot_bytes - e[3])
+            goto bad;
+    }
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "post: a MOVE round's copies do not lie within the slots");
+    return -1;
+}
 
 /* Compare the digests and reduce (combine's work); 0, 1, or -1 with an exception set. */
 static int finish(const long long *a) {
@@ -151,6 +182,15 @@ static int finish(const long long *a) {
         for (Py_ssize_t p = 0; p < n; p++)
             if (p != rank)
                 memcpy((char *)data + p * m, buf + p * slot_bytes, m);
+        return 0;
+    }
+    if (op == MOVE) {
+        const int64_t *d = data, *e = (const int64_t *)data + 2 + 3 * ((const int64_t *)data)[0];
+        if (move_valid(d, n, slot_bytes) < 0)  /* post checked it; combine() is called on its own too */
+            return -1;
+        for (int64_t i = 0; i < d[1]; i++, e += 4)
+            if (e[3] > 0)
+                memcpy((void *)(intptr_t)e[0], buf + e[1] * slot_bytes + e[2], (size_t)e[3]);
         return 0;
     }
     int bad;
@@ -179,13 +219,25 @@ static int round_post(const long long *a) {
     char *base = (char *)(intptr_t)a[0], *buf = (char *)(intptr_t)a[4];
     Py_ssize_t line = a[1], n = a[2], rank = a[3], slot_bytes = a[5];
     uint32_t step = (uint32_t)a[6];
-    if (a[9] < 0 || a[9] > 4 || (a[9] == 4) != (a[10] == GATHER) || a[8] * SIZE_OF(a[9]) > slot_bytes) {
+    if (a[9] < 0 || a[9] > 4 || (a[9] == 4) != IS_BYTES_OP(a[10]) || a[8] < 0 || a[8] * SIZE_OF(a[9]) > slot_bytes
+        || (a[10] == MOVE && a[8] != 0)) {
         PyErr_Format(PyExc_ValueError, "post: kind %lld with op %lld and %lld elements is not a round", a[9], a[10],
                      a[8]);
         return -1;
     }
-    const char *mine_in = (const char *)(intptr_t)a[7] + (a[10] == GATHER ? rank * a[8] : 0);
-    memcpy(buf + rank * slot_bytes, mine_in, a[8] * SIZE_OF(a[9]));
+    if (a[10] == MOVE) {
+        const int64_t *d = (const int64_t *)(intptr_t)a[7];
+        if (move_valid(d, n, slot_bytes) < 0)
+            return -1;
+        for (int64_t i = 0; i < d[0]; i++) {
+            const int64_t *e = d + 2 + 3 * i;
+            if (e[2] > 0)
+                memcpy(buf + rank * slot_bytes + e[1], (const void *)(intptr_t)e[0], (size_t)e[2]);
+        }
+    } else {
+        const char *mine_in = (const char *)(intptr_t)a[7] + (a[10] == GATHER ? rank * a[8] : 0);
+        memcpy(buf + rank * slot_bytes, mine_in, a[8] * SIZE_OF(a[9]));
+    }
     if (a[11] >= 0)
         ((int64_t *)(base + rank * line))[a[11]] = (int64_t)a[12];
     uint32_t *mine = arrive_word(base, line, rank);

@@ -69,7 +69,8 @@ import secrets
 import select
 import threading
 import time
-from typing import Optional
+from array import array
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -79,7 +80,7 @@ from .errors import UnsupportedError
 from .transport import PeerFailure, Transport
 
 try:
-    from . import _shmfast  # the small all_reduce's round in C, optional (see Arena.reduce_small_c)
+    from . import _shmfast  # rounds in C, optional (Arena.reduce_small_c, gather_round, move_round)
 except ImportError:
     _shmfast = None
 
@@ -529,6 +530,40 @@ class Arena:
             return False
         self._slot_round(output.data_ptr(), nbytes, 4, 8, deadline, what)  # kind 4 (bytes), op 8 (gather)
         return True
+
+    def move_round(self, ins: Sequence[tuple], outs: Sequence[tuple], deadline: Optional[float], what: str) -> None:
+        """One round of copies through the next buffer: each ``(address, offset, nbytes)`` of ``ins`` (this process's
+        memory) into this rank's slot at byte ``offset``; the round's sync (an armed check, ``expect``, rides in it and
+        is compared before any peer's byte is read); then each ``(address, peer, offset, nbytes)`` of ``outs`` out of
+        rank ``peer``'s slot at ``offset``.  The round of broadcast, scatter, gather, all_to_all and the non-root side
+        of a small reduce.  One C call (``_shmfast`` op MOVE) where built; else the same copies (``ctypes.memmove``)
+        around :meth:`sync`.  ``ValueError`` before any byte moves if a copy does not lie within a slot."""
+        for _, offset, nbytes in ins:
+            if offset < 0 or nbytes < 0 or offset + nbytes > self.slot_bytes:
+                raise ValueError(f"{what}: {nbytes} bytes at offset {offset} do not fit a slot of {self.slot_bytes}")
+        for _, peer, offset, nbytes in outs:
+            if not 0 <= peer < self.n or offset < 0 or nbytes < 0 or offset + nbytes > self.slot_bytes:
+                raise ValueError(f"{what}: {nbytes} bytes at offset {offset} of rank {peer}'s slot do not fit a slot "
+                                 f"of {self.slot_bytes} bytes in a group of {self.n}")
+        if _shmfast is not None:
+            words = array("q", (len(ins), len(outs)))
+            for entry in ins:  # a loop of extends: faster than one chained extend for the few entries a round has
+                words.extend(entry)
+            for entry in outs:
+                words.extend(entry)
+            self._slot_round(words.buffer_info()[0], 0, 4, 9, deadline, what)  # kind 4 (bytes), op 9 (MOVE)
+            return
+        k = self.rounds.round
+        self.rounds.round = k + 1
+        buffer = self._buffers + (k % 3) * self._round_bytes
+        mine = buffer + self.rank * self.slot_bytes
+        for address, offset, nbytes in ins:
+            if nbytes:
+                ctypes.memmove(mine + offset, address, nbytes)
+        self.sync(deadline, what)
+        for address, peer, offset, nbytes in outs:
+            if nbytes:
+                ctypes.memmove(address, buffer + peer * self.slot_bytes + offset, nbytes)
 
     def _slot_round(self, address: int, nelem: int, kind: int, op: int, deadline: Optional[float], what: str) -> None:
         """One C round through the slots of the next buffer: ``nelem`` elements of C ``kind`` at ``address``, combined

@@ -31,13 +31,16 @@ reduce: large all_reduce's schedule without the heap, only the root copies out.
 reduce_scatter: round ``k`` copies piece ``k`` of every other rank's chunk in; sync; rank ``r``
   combines piece ``k`` of chunk ``r`` from every slot straight into its output.
 broadcast / scatter / all_gather / gather / all_to_all: writers copy piece ``k`` into their slot
-  (scatter, all_to_all: one region per destination); sync; readers copy it out.  One sync a round.
+  (scatter, all_to_all: one region per destination); sync; readers copy it out.  One sync a round, and each
+  round one call (``Arena.move_round``: the C op MOVE where ``_shmfast`` is built, else the same copies around
+  ``Arena.sync``), so a call that fits one piece (a slot; scatter, all_to_all: a slot's ``1/n`` per block) is one
+  round.  A small reduce is a small all_reduce's round whose non-root ranks only copy in (a MOVE round too).
 barrier: one sync.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
-import math
 import os
 import warnings
 from typing import Optional, Sequence
@@ -49,7 +52,6 @@ from ...ops.chunk import partition_bounds
 from ...ops.reduce import KERNELS, KERNELS_OUT
 from .. import shm
 from ..transport import PeerFailure, Transport
-from .ring import _offsets  # the ring's prefix sums of per-rank counts
 
 #: all_reduce / reduce of at most this many bytes: one round, one sync, every rank reduces everything.
 SMALL_BYTES = 16 << 10
@@ -138,6 +140,9 @@ def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, 
         if kind is not None:
             a.reduce_small_c(tensor, kind, FAST_OPS[op], deadline, what)
             return
+    if not out_ranks:  # a reduce's non-root: copy in, sync, nothing out (one C call where built)
+        a.move_round(((tensor.data_ptr(), 0, tensor.nbytes),), (), deadline, what)
+        return
     k = a.rounds.round
     a.rounds.round += 1
     mine = a.numpy_view(tensor)
@@ -441,11 +446,12 @@ def _reduce_scatter_direct(a: shm.Arena, output: torch.Tensor, input: torch.Tens
 
 # -- data movement -----------------------------------------------------------------------------------
 
-def _rounds(a: shm.Arena, nbytes: int, piece: int) -> tuple[int, int]:
-    rounds = -(-nbytes // piece)
-    first = a.rounds.round
-    a.rounds.round += rounds
-    return first, rounds
+def _copy(into: int, source: int, nbytes: int) -> None:
+    """``nbytes`` from address ``source`` to ``into`` in this process (this rank's own chunk of a data movement): a
+    ``memmove``, a fraction of a torch slice's and copy's cost on a few bytes; none where they are the same memory
+    (in place)."""
+    if nbytes and into != source:
+        ctypes.memmove(into, source, nbytes)
 
 
 def broadcast_shm(t: Transport, tensor: torch.Tensor, root: int, *, tag: int, deadline: Optional[float],
@@ -454,49 +460,46 @@ def broadcast_shm(t: Transport, tensor: torch.Tensor, root: int, *, tag: int, de
     if t.size == 1 or tensor.numel() == 0:
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
-    data, r = _bytes(tensor), t.rank
+    r, what = t.rank, f"broadcast (tag {tag})"
+    nbytes, address = tensor.nbytes, tensor.data_ptr()  # flat and contiguous: its bytes from its first element's
     piece = _piece_bytes(a, segment_bytes)
-    first, rounds = _rounds(a, data.numel(), piece)
-    for k in range(rounds):
-        lo, hi = k * piece, min(data.numel(), (k + 1) * piece)
+    for lo in range(0, nbytes, piece):
+        span = min(nbytes - lo, piece)
         if r == root:
-            a.slot(first + k, root)[:hi - lo].copy_(data[lo:hi])
-        a.sync(deadline, f"broadcast (tag {tag})")
-        if r != root:
-            data[lo:hi].copy_(a.slot(first + k, root)[:hi - lo])
+            a.move_round(((address + lo, 0, span),), (), deadline, what)
+        else:
+            a.move_round((), ((address + lo, root, 0, span),), deadline, what)
 
 
 def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, readers: Sequence[int], tag: int,
             deadline, segment_bytes: int, what: str) -> None:
     """Every rank's ``input`` (``m`` bytes) into chunk ``rank`` of ``output`` on the ``readers``."""
     n, r = t.size, t.rank
-    src = _bytes(input)
-    m = src.numel()
-    out = _bytes(output) if r in readers else None
-    if out is not None and out[r * m:].data_ptr() != src.data_ptr():
-        out[r * m:(r + 1) * m].copy_(src)
+    m, source = input.nbytes, input.data_ptr()
+    reads = r in readers
+    into = output.data_ptr() if reads else 0
+    if reads:
+        _copy(into + r * m, source, m)
     if n == 1 or m == 0:
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     if a.cross_memory and m * n >= DIRECT_BYTES:  # readers copy each peer's input where it lies: no slot
-        parity, peers = _publish_address(a, src, deadline, what)
+        out = _bytes(output) if reads else None
+        parity, peers = _publish_address(a, _bytes(input), deadline, what)
         if out is not None:
             for p in peers:
                 _peer_read(a, parity, p, 0, out[p * m:(p + 1) * m], what)
         a.sync(deadline, what)  # no rank changes its input before every reader has it
         return
-    if out is not None and len(readers) == n and m <= a.slot_bytes and a.gather_round(out, m, deadline, what):
+    if reads and len(readers) == n and m <= a.slot_bytes and a.gather_round(output, m, deadline, what):
         return  # one C round: copy in, sync, copy every peer's slot out
     piece = _piece_bytes(a, segment_bytes)
-    first, rounds = _rounds(a, m, piece)
-    for k in range(rounds):
-        lo, hi = k * piece, min(m, (k + 1) * piece)
-        a.slot(first + k, r)[:hi - lo].copy_(src[lo:hi])
-        a.sync(deadline, what)
-        if out is not None:
-            for p in range(n):
-                if p != r:
-                    out[p * m + lo:p * m + hi].copy_(a.slot(first + k, p)[:hi - lo])
+    writes = not reads or len(readers) > 1  # a lone reader (gather's root) needs no slot of its own
+    peers = [p for p in range(n) if p != r] if reads else []
+    for lo in range(0, m, piece):  # one round a piece: every writer copies in, sync, the readers copy out
+        span = min(m - lo, piece)
+        a.move_round(((source + lo, 0, span),) if writes else (),
+                     [(into + p * m + lo, p, 0, span) for p in peers], deadline, what)
 
 
 def all_gather_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, *, tag: int, deadline: Optional[float],
@@ -515,26 +518,21 @@ def scatter_shm(t: Transport, output: torch.Tensor, input: Optional[torch.Tensor
                 deadline: Optional[float], segment_bytes: int) -> None:
     """Rank ``r``'s ``output`` (``m``) ← chunk ``r`` of ``root``'s ``input`` (``n*m``; ``None`` elsewhere)."""
     n, r = t.size, t.rank
-    out = _bytes(output)
-    m = out.numel()
-    src = _bytes(input) if r == root else None
-    if src is not None and src[r * m:].data_ptr() != out.data_ptr():
-        out.copy_(src[r * m:(r + 1) * m])
+    m, into = output.nbytes, output.data_ptr()
+    source = input.data_ptr() if r == root else 0
+    if r == root:
+        _copy(into, source + r * m, m)
     if n == 1 or m == 0:
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     piece = max(1, _piece_bytes(a, segment_bytes) // n)
-    first, rounds = _rounds(a, m, piece)
-    for k in range(rounds):
-        lo, hi = k * piece, min(m, (k + 1) * piece)
-        if src is not None:
-            slot = a.slot(first + k, root)
-            for p in range(n):
-                if p != root:
-                    slot[p * piece:p * piece + hi - lo].copy_(src[p * m + lo:p * m + hi])
-        a.sync(deadline, f"scatter (tag {tag})")
-        if r != root:
-            out[lo:hi].copy_(a.slot(first + k, root)[r * piece:r * piece + hi - lo])
+    what = f"scatter (tag {tag})"
+    for lo in range(0, m, piece):  # one round a piece: the root copies chunk p's piece into region p of its slot
+        span = min(m - lo, piece)
+        if r == root:
+            a.move_round([(source + p * m + lo, p * piece, span) for p in range(n) if p != root], (), deadline, what)
+        else:
+            a.move_round((), ((into + lo, root, r * piece, span),), deadline, what)
 
 
 def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_counts: Sequence[int],
@@ -545,34 +543,39 @@ def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_
     destination; the number of rounds is agreed at the first sync (the largest block of any rank).
     """
     n, r, es = t.size, t.rank, input.element_size()
-    out, src = _bytes(output), _bytes(input)
-    out_at = [o * es for o in _offsets(out_counts)]
-    in_at = [o * es for o in _offsets(in_counts)]
-    out[out_at[r]:out_at[r] + out_counts[r] * es].copy_(src[in_at[r]:in_at[r] + in_counts[r] * es])
+    if out_counts[r] != in_counts[r]:
+        raise ValueError(f"rank {r}: all_to_all: this rank sends itself {in_counts[r]} elements but expects "
+                         f"{out_counts[r]} from itself")
+    source, into = input.data_ptr(), output.data_ptr()
+    sends, receives, most = [], [], 0  # (rank, byte offset, bytes) of every block to and from a peer
+    at_in = at_out = 0
+    for j in range(n):
+        size_in, size_out = in_counts[j] * es, out_counts[j] * es
+        if j == r:
+            _copy(into + at_out, source + at_in, size_in)
+        else:
+            if size_in:
+                sends.append((j, at_in, size_in))
+                most = size_in if size_in > most else most
+            if size_out:
+                receives.append((j, at_out, size_out))
+        at_in += size_in
+        at_out += size_out
     if n == 1:
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     what = f"all_to_all (tag {tag})"
     piece = max(1, _piece_bytes(a, segment_bytes) // n)
     parity = a.begin()
-    a.publish(parity, 0, max((in_counts[j] * es for j in range(n) if j != r), default=0))
+    a.publish(parity, 0, most)
     rounds, k = 1, 0
-    while k < rounds:
-        index = a.rounds.round
-        a.rounds.round += 1
-        slot = a.slot(index, r)
+    while k < rounds:  # one round a piece of every block: copy in, sync, copy out (small calls: one round)
         lo = k * piece
-        for j in range(n):
-            hi = min(in_counts[j] * es, lo + piece)
-            if j != r and hi > lo:
-                slot[j * piece:j * piece + hi - lo].copy_(src[in_at[j] + lo:in_at[j] + hi])
-        a.sync(deadline, what)
+        a.move_round([(source + at + lo, j * piece, min(piece, size - lo)) for j, at, size in sends if size > lo],
+                     [(into + at + lo, j, r * piece, min(piece, size - lo)) for j, at, size in receives if size > lo],
+                     deadline, what)
         if k == 0:
-            rounds = max(1, math.ceil(max(a.peer_word(parity, p, 0) for p in range(n)) / piece))
-        for j in range(n):
-            hi = min(out_counts[j] * es, lo + piece)
-            if j != r and hi > lo:
-                out[out_at[j] + lo:out_at[j] + hi].copy_(a.slot(index, j)[r * piece:r * piece + hi - lo])
+            rounds = max(1, -(-max(a.peer_word(parity, p, 0) for p in range(n)) // piece))
         k += 1
 
 

@@ -110,6 +110,124 @@ def test_data_movement_every_world_size(n):
     checks.check_barrier(fn("barrier"), n)
 
 
+def _random_bytes(rank: int, salt: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """``numel`` elements of ``dtype`` made of random bytes (NaN payloads, subnormals, -0.0: every bit pattern a copy
+    must keep); bool gets 0/1 bytes, the only ones it holds."""
+    generator = torch.Generator().manual_seed(1000 * rank + salt)
+    raw = torch.randint(0, 2 if dtype == torch.bool else 256, (numel * dtype.itemsize,), dtype=torch.uint8,
+                        generator=generator)
+    return raw.view(dtype)
+
+
+def _same_bits(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert got.dtype == expected.dtype and got.shape == expected.shape, (what, got.shape, expected.shape)
+    assert torch.equal(got.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)), what
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_small_movement_rounds_every_dtype_both_ways_bit_for_bit(n, path, monkeypatch):
+    """broadcast, scatter, gather, all_gather and all_to_all (even, uneven, empty blocks) of every dtype, each small call
+    one round through the segment (``Arena.move_round``: ``_shmfast``'s MOVE op, or its Python twin with ``_shmfast``
+    forced off); tiny segments make several rounds of the same.  Every result is compared, bit for bit, with the
+    inputs' bytes put where numpy's concatenation and slicing put them (random bytes: NaN payloads must survive)."""
+    if path == "c" and shm._shmfast is None:
+        pytest.skip(NO_SHMFAST)
+    if path == "python":
+        monkeypatch.setattr(shm, "_shmfast", None)
+    from support.reference import DTYPES
+    uneven = [[(i * 3 + j) % 4 + (i == j) for j in range(n)] for i in range(n)]
+    layouts = {"even": [[2] * n for _ in range(n)], "uneven": uneven, "empty": [[0] * n for _ in range(n)]}
+    cases = [(dtype, m, segment) for dtype in DTYPES for m, segment in ((0, 0), (1, 0), (5, 0), (5, 16))]
+    root = n - 1
+
+    def body(t):
+        r, out = t.rank, []
+        for dtype, m, segment in cases:
+            kw = dict(tag=7, deadline=checks.deadline(), segment_bytes=segment)
+            mine = _random_bytes(r, m, m, dtype)
+            x = mine.clone() if r == root else torch.zeros(m, dtype=dtype)
+            fn("broadcast")(t, x, root, **kw)
+            whole = _random_bytes(root, 50 + m, n * m, dtype) if r == root else None
+            part = torch.zeros(m, dtype=dtype)
+            fn("scatter")(t, part, whole, root, **kw)
+            gathered = torch.zeros(n * m, dtype=dtype) if r == root else None
+            fn("gather")(t, gathered, mine, root, **kw)
+            every = torch.zeros(n * m, dtype=dtype)
+            fn("all_gather")(t, every, mine, **kw)
+            in_place = torch.zeros(n * m, dtype=dtype)
+            in_place[r * m:(r + 1) * m] = mine
+            fn("all_gather")(t, in_place, in_place[r * m:(r + 1) * m], **kw)
+            exchanged = {}
+            for name, counts in layouts.items():
+                sent = _random_bytes(r, 90 + m, sum(counts[r]), dtype)
+                got = torch.zeros(sum(counts[j][r] for j in range(n)), dtype=dtype)
+                fn("all_to_all")(t, got, sent, [counts[j][r] for j in range(n)], list(counts[r]), **kw)
+                exchanged[name] = got
+            out.append((x, part, gathered, every, in_place, exchanged))
+        return out
+
+    results = run_ranks(n, body, timeout_s=60)
+    for index, (dtype, m, segment) in enumerate(cases):
+        inputs = [_random_bytes(p, m, m, dtype) for p in range(n)]
+        whole = _random_bytes(root, 50 + m, n * m, dtype)
+        for r in range(n):
+            what = f"n={n} {path} {dtype} m={m} segment={segment}: rank {r}"
+            x, part, gathered, every, in_place, exchanged = results[r][index]
+            _same_bits(x, inputs[root], f"broadcast {what}")
+            _same_bits(part, whole[r * m:(r + 1) * m], f"scatter {what}")
+            if r == root:
+                _same_bits(gathered, torch.cat(inputs), f"gather {what}")
+            _same_bits(every, torch.cat(inputs), f"all_gather {what}")
+            _same_bits(in_place, torch.cat(inputs), f"all_gather in place {what}")
+            for name, counts in layouts.items():
+                sent = [_random_bytes(p, 90 + m, sum(counts[p]), dtype) for p in range(n)]
+                blocks = [sent[p][sum(counts[p][:r]):sum(counts[p][:r + 1])] for p in range(n)]
+                _same_bits(exchanged[name], torch.cat(blocks), f"all_to_all ({name}) {what}")
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_small_reduce_and_barrier_both_ways(n, path, monkeypatch):
+    """The small reduce (the non-root ranks' side is a MOVE round, the root's the reduction) of every dtype and an
+    admitted op, against numpy; and the barrier, with ``_shmfast`` and with it forced off."""
+    if path == "c" and shm._shmfast is None:
+        pytest.skip(NO_SHMFAST)
+    if path == "python":
+        monkeypatch.setattr(shm, "_shmfast", None)
+    from support.reference import DTYPES, admitted_ops
+    for dtype in DTYPES:
+        for op in admitted_ops(dtype)[:2]:
+            for numel in (0, 1, 7):
+                checks.check_reduce(fn("reduce"), n, numel, dtype, op, n // 2, 0)
+    checks.check_barrier(fn("barrier"), n)
+
+
+def test_move_rounds_refuse_copies_outside_a_slot():
+    """A MOVE round whose copy would leave a slot raises ``ValueError`` before any byte moves: in Python
+    (``Arena.move_round``) and in C (``_shmfast``'s own check, for callers of ``combine``)."""
+    def body(t):
+        a = shm.arena(t, tag=1, deadline=checks.deadline())
+        step, round_ = a.rounds.step, a.rounds.round
+        x = torch.zeros(4, dtype=torch.uint8)
+        refusals = []
+        for ins, outs in ((((x.data_ptr(), a.slot_bytes - 2, 4),), ()), ((), ((x.data_ptr(), 0, a.slot_bytes, 1),)),
+                          ((), ((x.data_ptr(), t.size, 0, 4),))):
+            with pytest.raises(ValueError, match="slot"):
+                a.move_round(ins, outs, checks.deadline(), "test")
+            refusals.append((a.rounds.step, a.rounds.round) == (step, round_))  # nothing arrived, no round used
+        if shm._shmfast is not None:
+            from array import array
+            words = array("q", (0, 1, x.data_ptr(), t.size, 0, 4))
+            with pytest.raises(ValueError, match="slots"):
+                shm._shmfast.combine(a._base, shm.LINE, a.n, a.rank, a._buffers, a.slot_bytes, 0,
+                                     words.buffer_info()[0], 0, 4, 9, -1, 0)
+        return refusals
+
+    for refusals in run_ranks(2, body, timeout_s=30):
+        assert refusals == [True] * 3
+
+
 @pytest.mark.parametrize("n", [2, 3, 5])
 @pytest.mark.parametrize("who", ["every rank", "rank 0 only"])
 def test_zero_copy_inputs(n, who):

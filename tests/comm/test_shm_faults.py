@@ -2,7 +2,8 @@
 
 Three gloo ranks forked from the test process (not the shared pools: a death would take a pool
 down) run one "shm" all_reduce, so the arena (and, zero-copy, a heap) is mapped everywhere; then
-one rank kills itself and the others call the next shm all_reduce.  They must get a typed error
+one rank kills itself and the others call the next shm all_reduce (or one small round of another
+collective: broadcast, scatter, gather, all_gather, all_to_all, reduce, barrier).  They must get a typed error
 (``PeerError``: the waiter sees the process is gone, or ``CommTimeoutError``) within the group's
 timeout plus 5 s, and no segment made by any of the ranks may remain in /dev/shm.
 """
@@ -19,7 +20,28 @@ TIMEOUT_S = 6.0
 N = 3
 
 
-def _rank(rank: int, folder: str, conn, victim: int, zero_copy: bool) -> None:
+def _small_call(dist, collective: str, rank: int) -> None:
+    """One small "shm" call of ``collective`` (one round through the segment), as every rank of N makes it."""
+    x = torch.full((3,), float(rank))
+    if collective == "broadcast":
+        dist.broadcast(x, 0, algorithm="shm")
+    elif collective == "scatter":
+        dist.scatter(x, list(torch.zeros(3 * N).chunk(N)) if rank == 0 else None, src=0, algorithm="shm")
+    elif collective == "gather":
+        dist.gather(x, list(torch.zeros(3 * N).chunk(N)) if rank == 0 else None, dst=0, algorithm="shm")
+    elif collective == "all_gather":
+        dist.all_gather_into_tensor(torch.zeros(3 * N), x, algorithm="shm")
+    elif collective == "all_to_all":
+        dist.all_to_all_single(torch.zeros(3 * N), torch.ones(3 * N), algorithm="shm")
+    elif collective == "reduce":
+        dist.reduce(x, 0, algorithm="shm")
+    elif collective == "barrier":
+        dist.barrier(algorithm="shm")
+    else:
+        dist.all_reduce(x, algorithm="shm")
+
+
+def _rank(rank: int, folder: str, conn, victim: int, zero_copy: bool, collective: str = "all_reduce") -> None:
     code = 0
     try:
         import zerocomm.comm as dist
@@ -34,7 +56,10 @@ def _rank(rank: int, folder: str, conn, victim: int, zero_copy: bool) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         start = time.monotonic()
         try:
-            dist.all_reduce(x, algorithm="shm")
+            if collective == "all_reduce":
+                dist.all_reduce(x, algorithm="shm")
+            else:
+                _small_call(dist, collective, rank)
             conn.send(("no error", "", time.monotonic() - start))
         except Exception as error:  # judged by the parent
             conn.send((type(error).__name__, str(error), time.monotonic() - start))
@@ -52,9 +77,25 @@ def _leftovers(pids) -> list:
 @pytest.mark.parametrize("zero_copy", [False, True], ids=["copy", "zero-copy"])
 @pytest.mark.parametrize("victim", [0, 1], ids=["creator-killed", "peer-killed"])
 def test_a_killed_rank_gives_the_others_a_typed_error_and_leaves_no_segment(tmp_path, victim, zero_copy):
+    _kill_and_judge(tmp_path, victim, zero_copy, "all_reduce")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collective", ["broadcast", "scatter", "gather", "all_gather", "all_to_all", "reduce",
+                                        "barrier"])
+def test_a_rank_killed_before_a_small_round_gives_the_others_peer_error(tmp_path, collective):
+    """The one-round small calls (``Arena.move_round`` and its kin): the survivors wait in the round's sync for a
+    rank that never arrives, see its process gone and raise ``PeerError`` naming it, within the timeout."""
+    reports = _kill_and_judge(tmp_path, 1, False, collective)
+    assert all(kind == "PeerError" for kind, _, _ in reports.values()), reports
+
+
+def _kill_and_judge(tmp_path, victim: int, zero_copy: bool, collective: str) -> dict:
+    """Start N ranks, kill ``victim`` after one shm all_reduce, have the others call ``collective``; assert each got a
+    typed error within the timeout (plus 5 s) and that no segment is left; returns ``{rank: (kind, text, waited)}``."""
     context = multiprocessing.get_context("fork")
     pipes = [context.Pipe(duplex=False) for _ in range(N)]
-    ranks = [context.Process(target=_rank, args=(r, str(tmp_path), pipes[r][1], victim, zero_copy))
+    ranks = [context.Process(target=_rank, args=(r, str(tmp_path), pipes[r][1], victim, zero_copy, collective))
              for r in range(N)]
     for process in ranks:
         process.start()
@@ -75,6 +116,7 @@ def test_a_killed_rank_gives_the_others_a_typed_error_and_leaves_no_segment(tmp_
             if kind == "PeerError":
                 assert f"rank {victim}" in text, text
         assert _leftovers([msg[1] for msg in ready]) == []
+        return reports
     finally:
         for process in ranks:
             if process.is_alive():
