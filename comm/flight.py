@@ -72,9 +72,10 @@ except ImportError:  # pragma: no cover - torch is a dependency
 #: id is never reused while it is in here.
 KNOWN: Dict[int, tuple] = {}
 KNOWN_LIMIT = 1 << 14  # code made at run time (exec) could be endless: forget and learn again past this
-#: The last callers' codes met first on a call's frame walk (4 slots, the oldest replaced).  ``Group.run``
-#: compares a call's frame with them by identity and calls :func:`outside` only where it differs from all.
-HOT: list = [None, None, None, None]
+#: The last callers' codes met first on a call's frame walk (8 slots, the oldest replaced: a ZeRO step's call
+#: sites, and a warm-up's, fit).  ``Group.run`` compares a call's frame with them by identity, the most recent
+#: hits first in practice, and calls :func:`outside` only where it differs from all.
+HOT: list = [None] * 8
 _HOT_NEXT = [0]
 
 

@@ -177,7 +177,8 @@ class Group:
                 code = frame.f_code
                 # One of the last callers met first (ZeRO's call sites take turns): no walk, no call.
                 if code is not _CALLER[0] and code is not _CALLER[1] and code is not _CALLER[2] \
-                        and code is not _CALLER[3]:
+                        and code is not _CALLER[3] and code is not _CALLER[4] and code is not _CALLER[5] \
+                        and code is not _CALLER[6] and code is not _CALLER[7]:
                     frame = flight.outside(frame)
                     code = frame.f_code
                 # The call's cell (collective, op, dtype, root, algorithm: ``Call.check``) and size, read back by
