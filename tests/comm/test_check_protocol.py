@@ -161,7 +161,8 @@ def checkers_and_mismatches() -> dict:
                     continue  # refused without a segment (before any byte moves)
                 tensor = torch.ones(3)
                 dist.all_reduce(tensor, algorithm=algorithm)
-                plan = next(p for k, p in WORLD.plans.items() if k[0] == "all_reduce" and k[4] == algorithm)
+                plan = next(p for k, p in WORLD.plans.items()  # this group's: earlier tests' subgroups keep theirs
+                            if k[0] == "all_reduce" and k[4] == algorithm and p.group is group)
                 checker = plan.rows[0].checker
                 seen[algorithm] = (checker.__self__ is group.check, checker.__name__, tensor.tolist())
             try:  # rank 0 calls ring, the others native: every rank names the mismatch
