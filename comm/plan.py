@@ -15,8 +15,8 @@ checked record; its plan is made from that and kept.  Later calls of the cell lo
 checks only what can differ from call to call -- that the tensors are contiguous, of the plan's
 dtype, on its device, with sizes that fit, read by the collective's argument roles (:data:`QUICK`:
 for a list form, each list's length and items, and all_to_all_single's split sizes) -- and makes the
-record, with the same fields the full checks would give it.  A call that fails those tests takes the full checks again, which name
-what is wrong and hand :meth:`Plan.run` the record's fields.  Either way the record runs through
+record, with the same fields the full checks would give it.  A call that fails those tests takes
+the full checks again, which name what is wrong and hand :meth:`Plan.run` the record's fields.  Either way the record runs through
 ``Group.run``, which owns ordering, tags, deadlines and the executor:
 the cache hit *is* the fast path, not a second implementation.
 
@@ -138,10 +138,6 @@ def _no_list(items) -> bool:
     return items is None or (type(items) is list and not items)
 
 
-def _flat1(tensor):
-    return tensor if tensor.ndim == 1 else tensor.view(-1)
-
-
 # The per-call fields of a cache hit of each list form (and barrier), read off its arguments as passed -- ``(args,
 # nbytes, numel, outputs, copy_out, inputs)`` exactly as ``validate``'s function of the form passes them to
 # :meth:`Plan.run` -- or :data:`MISS` where anything differs from what the cell's full checks admitted.
@@ -154,7 +150,8 @@ def _all_gather_fields(plan, tensor_list, tensor, _o, _i):
         return MISS
     flat = torch.empty(plan.size * numel, dtype=plan.dtype, device=tensor.device)
     copy_out = tuple(zip(flat.view(plan.size, -1), tensor_list)) if numel else ()
-    return (flat, _flat1(tensor)), flat.nbytes, numel, tuple(tensor_list), copy_out, (tensor,)
+    flat_in = tensor if tensor.ndim == 1 else tensor.view(-1)
+    return (flat, flat_in), flat.nbytes, numel, tuple(tensor_list), copy_out, (tensor,)
 
 
 def _gather_fields(plan, gather_list, tensor, _o, _i):
@@ -171,7 +168,8 @@ def _gather_fields(plan, gather_list, tensor, _o, _i):
         outputs = tuple(gather_list)
     elif not _no_list(gather_list):
         return MISS
-    return (flat, _flat1(tensor), plan.root), plan.size * tensor.nbytes, numel, outputs, copy_out, (tensor,)
+    flat_in = tensor if tensor.ndim == 1 else tensor.view(-1)
+    return (flat, flat_in, plan.root), plan.size * tensor.nbytes, numel, outputs, copy_out, (tensor,)
 
 
 def _scatter_fields(plan, tensor, scatter_list, _o, _i):
@@ -187,7 +185,8 @@ def _scatter_fields(plan, tensor, scatter_list, _o, _i):
         inputs = tuple(scatter_list)
     elif not _no_list(scatter_list):
         return MISS
-    return (_flat1(tensor), flat, plan.root), plan.size * tensor.nbytes, numel, (tensor,), (), inputs
+    flat_out = tensor if tensor.ndim == 1 else tensor.view(-1)
+    return (flat_out, flat, plan.root), plan.size * tensor.nbytes, numel, (tensor,), (), inputs
 
 
 def _reduce_scatter_fields(plan, output, input_list, _o, _i):
@@ -198,7 +197,8 @@ def _reduce_scatter_fields(plan, output, input_list, _o, _i):
         return MISS
     flat = (torch.cat([item.view(-1) for item in input_list]) if numel
             else torch.empty(0, dtype=plan.dtype, device=output.device))
-    return (_flat1(output), flat, plan.op), flat.nbytes, numel, (output,), (), tuple(input_list)
+    flat_out = output if output.ndim == 1 else output.view(-1)
+    return (flat_out, flat, plan.op), flat.nbytes, numel, (output,), (), tuple(input_list)
 
 
 def _all_to_all_fields(plan, output_list, input_list, _o, _i):
@@ -242,8 +242,9 @@ def _all_to_all_single_fields(plan, output, input, output_splits, input_splits):
         return MISS
     # Even splits: every rank's input has as many elements, so the mismatch check compares them (uneven: -1).
     uneven = input_splits is not None or output_splits is not None
-    return (_flat1(output), _flat1(input), out_counts, in_counts), input.nbytes, -1 if uneven else input.numel(), \
-        (output,), (), (input,)
+    args = (output if output.ndim == 1 else output.view(-1), input if input.ndim == 1 else input.view(-1), out_counts,
+            in_counts)
+    return args, input.nbytes, -1 if uneven else input.numel(), (output,), (), (input,)
 
 
 #: A barrier's fields: no tensor, nothing to copy (``validate.barrier``'s).
