@@ -16,9 +16,9 @@ checks only what can differ from call to call -- that the tensors are contiguous
 dtype, on its device, with sizes that fit, read by the collective's argument roles (:data:`QUICK`:
 for a list form, each list's length and items, and all_to_all_single's split sizes) -- and makes the
 record, with the same fields the full checks would give it.  A call that fails those tests takes
-the full checks again, which name what is wrong and hand :meth:`Plan.run` the record's fields.  Either way the record runs through
-``Group.run``, which owns ordering, tags, deadlines and the executor:
-the cache hit *is* the fast path, not a second implementation.
+the full checks again, which name what is wrong and hand :meth:`Plan.run` the record's fields.
+Either way the record runs through ``Group.run``, which owns ordering, tags, deadlines and the
+executor: the cache hit *is* the fast path, not a second implementation.
 
 A group's plans are dropped with the configuration they were made under (``World.config``),
 with the group, and when the ranks turn out unable to share a segment (``Group.forget_plans``).
