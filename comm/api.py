@@ -5,15 +5,17 @@ arguments as passed, or made by ``validate``'s full checks on the cell's first c
 call's record and runs it through its group (``Group.run``), inline for a blocking call with
 nothing queued, issued to the backend or queued on the group's executor otherwise, returning
 ``None`` or a ``Work``.  A later call of the cell is checked only for what may differ between its
-calls (tensor type, layout, device, contiguity and size: ``Plan.run``'s quick test); one that fails
-that goes through the full checks, which raise the typed error naming what is wrong.
+calls (tensor type, layout, device, contiguity and size; for the list forms also the dtype and length of
+the lists and all_to_all_single's split sizes: ``Plan.run``'s quick test); one that fails that goes
+through the full checks, which raise the typed error naming what is wrong.  A barrier has a cell too
+(its group, ``async_op``, ``timeout`` and algorithm), and nothing to test.
 zerocomm's own options are keyword-only after torch's parameters: ``algorithm=`` (one of
 ``comm.algorithms.ALGORITHM_CHOICES``: "native", "ring", "tree", "recursive_doubling", "shm",
 "hierarchical", or "auto", the default) and, for all_reduce, ``compression="onebit"``.
 
 [Note: one table]  Each public function does what one of NCCL's ``collectives.cc`` functions does:
 it fills in its cell's key (its name, the arguments as passed that decide how it runs, the key
-tensor's dtype: the ``key`` column of :data:`COLLECTIVES`) and hands its tensors to the cell's
+tensor's dtype: the ``key`` and ``keyed`` columns of :data:`COLLECTIVES`) and hands its tensors to the cell's
 plan -- ``Plan.run``, the one fast path, which reads them by the collective's argument roles (the
 ``tensors`` column; ``plan.QUICK``).  Whatever is not a cache hit goes to :func:`_full`, the one
 slow path: the row's full checks, then ``staging.retry`` where they refuse the tensors.  The
@@ -24,7 +26,8 @@ costs no Python call, where a builder shared through the table would cost one pe
 List arguments (``gather_list``, ``scatter_list``, ``all_gather``'s ``tensor_list``,
 ``reduce_scatter``'s ``input_list``, ``all_to_all``'s lists) travel packed in one flat
 buffer and are copied back to the list after the collective, by whichever thread ran it,
-so ``async_op=True`` stays asynchronous; their tensors may be strided.  A single tensor that
+so ``async_op=True`` stays asynchronous; their tensors may be strided (a cache hit takes
+contiguous ones; strided ones take the full checks, which copy them).  A single tensor that
 is not contiguous (``x.t()``, ``x[:, ::2]``) is refused by the full checks with an
 ``UnsupportedError`` that :func:`_full` hands to ``staging.retry``: the call runs on a
 contiguous copy and the result is written back into the caller's tensor, strides kept (for
@@ -61,11 +64,13 @@ class Collective(NamedTuple):
     """``validate``'s full checks: the public arguments in order, then the plan key; they make the cell's plan
     (kept under the key) and run the call through it, or raise the typed error."""
     tensors: str
-    """The tensor arguments a cache hit hands to ``Plan.run`` for its quick test, by name: one (in place), or the
-    output and the input (``plan.QUICK`` says which holds ``n`` times the other); "" where lists are packed by the
-    full checks on every call (no plan is looked up)."""
+    """The arguments a cache hit hands to ``Plan.run`` for its quick test, by name: one tensor (in place), or the
+    output and the input (``plan.QUICK`` says which holds ``n`` times the other, or, for a list form, how its lists
+    are read), then all_to_all_single's split sizes."""
     key: tuple
-    """The arguments that make up the plan key after the name (then the dtype of the last tensor of ``tensors``)."""
+    """The arguments that make up the plan key after the name (then the dtype of ``keyed``)."""
+    keyed: str
+    """The tensor whose dtype ends the key: the one the full checks make the plan for."""
 
 
 class _Unplanned:
@@ -73,14 +78,18 @@ class _Unplanned:
 
     __slots__ = ()
 
-    def run(self, output, input=None):
+    def run(self, output=None, input=None, output_splits=None, input_splits=None):
         return MISS
 
 
 _NO_PLAN = _Unplanned()
 #: A key with no plan (``KeyError``), a tensor argument that is not one (``AttributeError``: no ``dtype``), an
-#: unhashable argument (``TypeError``): the full checks say what.
-_UNPLANNED = (KeyError, AttributeError, TypeError)
+#: unhashable argument or a list that is not one (``TypeError``), an empty list (``IndexError``): the full checks say
+#: what.
+_UNPLANNED = (KeyError, AttributeError, TypeError, IndexError)
+#: What a barrier's key ends with, as every key ends with its plan's dtype: a barrier moves no tensor, and its plan
+#: is made for ``uint8`` (``validate.barrier``).
+_BARRIER_DTYPE = torch.uint8
 
 
 def _full(name: str, key, *args, **options):
@@ -184,19 +193,43 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm: Optional[str] = None):
     """``tensor_list[r]`` ← rank r's ``tensor``, on every rank. Every member calls it."""
-    return _full("all_gather", None, tensor_list, tensor, group, async_op, algorithm=algorithm)
+    key = None
+    try:
+        plan = _PLANS[key := ("all_gather", group, async_op, algorithm, tensor.dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(tensor_list, tensor)
+    if done is MISS:
+        return _full("all_gather", key, tensor_list, tensor, group, async_op, algorithm=algorithm)
+    return done
 
 
 def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = None, dst: Optional[int] = None,
            group=None, async_op: bool = False, group_dst: Optional[int] = None, *, algorithm: Optional[str] = None):
     """``gather_list[r]`` on ``dst`` ← rank r's ``tensor``; ``gather_list`` is given on ``dst`` only."""
-    return _full("gather", None, tensor, gather_list, dst, group, async_op, group_dst, algorithm=algorithm)
+    key = None
+    try:
+        plan = _PLANS[key := ("gather", group, dst, group_dst, async_op, algorithm, tensor.dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(gather_list, tensor)
+    if done is MISS:
+        return _full("gather", key, tensor, gather_list, dst, group, async_op, group_dst, algorithm=algorithm)
+    return done
 
 
 def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = None, src: Optional[int] = None,
             group=None, async_op: bool = False, group_src: Optional[int] = None, *, algorithm: Optional[str] = None):
     """Rank r's ``tensor`` ← ``scatter_list[r]`` on ``src``; ``scatter_list`` is given on ``src`` only."""
-    return _full("scatter", None, tensor, scatter_list, src, group, async_op, group_src, algorithm=algorithm)
+    key = None
+    try:
+        plan = _PLANS[key := ("scatter", group, src, group_src, async_op, algorithm, tensor.dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(tensor, scatter_list)
+    if done is MISS:
+        return _full("scatter", key, tensor, scatter_list, src, group, async_op, group_src, algorithm=algorithm)
+    return done
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
@@ -217,7 +250,16 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False, *,
                    algorithm: Optional[str] = None):
     """``output`` on rank r ← the ``op``-reduction over ranks of their ``input_list[r]``."""
-    return _full("reduce_scatter", None, output, input_list, op, group, async_op, algorithm=algorithm)
+    key = None
+    try:
+        plan = _PLANS[key := ("reduce_scatter", group, "sum" if op is _SUM else op, async_op, algorithm,
+                              output.dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(output, input_list)
+    if done is MISS:
+        return _full("reduce_scatter", key, output, input_list, op, group, async_op, algorithm=algorithm)
+    return done
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
@@ -226,19 +268,45 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
     Without split sizes, dim 0 is divided evenly by the group size.
     """
-    return _full("all_to_all_single", None, output, input, output_split_sizes, input_split_sizes, group, async_op,
-                 algorithm=algorithm)
+    key = None
+    try:  # given split sizes or not decides the plan (one row for sizes that may differ); their values, each call's
+        plan = _PLANS[key := ("all_to_all_single", group, output_split_sizes is None, input_split_sizes is None,
+                              async_op, algorithm, input.dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(output, input, output_split_sizes, input_split_sizes)
+    if done is MISS:
+        return _full("all_to_all_single", key, output, input, output_split_sizes, input_split_sizes, group,
+                     async_op, algorithm=algorithm)
+    return done
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False, *,
                algorithm: Optional[str] = None):
     """``output_tensor_list[j]`` on rank r ← ``input_tensor_list[r]`` of rank j (sizes may differ per pair)."""
-    return _full("all_to_all", None, output_tensor_list, input_tensor_list, group, async_op, algorithm=algorithm)
+    key = None
+    try:
+        plan = _PLANS[key := ("all_to_all", group, async_op, algorithm, input_tensor_list[0].dtype)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run(output_tensor_list, input_tensor_list)
+    if done is MISS:
+        return _full("all_to_all", key, output_tensor_list, input_tensor_list, group, async_op, algorithm=algorithm)
+    return done
 
 
 def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None, *, algorithm: Optional[str] = None):
     """Return once every member of ``group`` has entered the barrier; ``timeout`` overrides the group's."""
-    return validate.barrier(group, async_op, timeout, algorithm)
+    key = None
+    try:
+        # The timeout's type too: True, or numpy's 1, equals 1 but is refused where 1 is admitted.
+        plan = _PLANS[key := ("barrier", group, async_op, timeout, type(timeout), algorithm, _BARRIER_DTYPE)]
+    except _UNPLANNED:
+        plan = _NO_PLAN
+    done = plan.run()
+    if done is MISS:
+        return validate.barrier(group, async_op, timeout, algorithm, key)
+    return done
 
 
 def compressed_all_reduce(tensor: torch.Tensor, state, group=None, async_op: bool = False, *,
@@ -265,19 +333,26 @@ reduce_scatter_single = reduce_scatter_tensor
 #: the argument roles of its cache hit, and its full checks.
 COLLECTIVES = {row.name: row for row in (
     Collective("broadcast", broadcast, validate.broadcast, "tensor",
-               ("group", "src", "group_src", "async_op", "algorithm")),
+               ("group", "src", "group_src", "async_op", "algorithm"), "tensor"),
     Collective("all_reduce", all_reduce, validate.all_reduce, "tensor",
-               ("group", "op", "async_op", "algorithm", "compression")),
+               ("group", "op", "async_op", "algorithm", "compression"), "tensor"),
     Collective("reduce", reduce, validate.reduce, "tensor",
-               ("group", "dst", "group_dst", "op", "async_op", "algorithm")),
+               ("group", "dst", "group_dst", "op", "async_op", "algorithm"), "tensor"),
     Collective("all_gather_into_tensor", all_gather_into_tensor, validate.all_gather_into_tensor,
-               "output_tensor, input_tensor", ("group", "async_op", "algorithm")),
+               "output_tensor, input_tensor", ("group", "async_op", "algorithm"), "input_tensor"),
     Collective("reduce_scatter_tensor", reduce_scatter_tensor, validate.reduce_scatter_tensor, "output, input",
-               ("group", "op", "async_op", "algorithm")),
-    Collective("all_gather", all_gather, validate.all_gather, "", ()),
-    Collective("gather", gather, validate.gather, "", ()),
-    Collective("scatter", scatter, validate.scatter, "", ()),
-    Collective("reduce_scatter", reduce_scatter, validate.reduce_scatter, "", ()),
-    Collective("all_to_all_single", all_to_all_single, validate.all_to_all_single, "", ()),
-    Collective("all_to_all", all_to_all, validate.all_to_all, "", ()),
+               ("group", "op", "async_op", "algorithm"), "input"),
+    Collective("all_gather", all_gather, validate.all_gather, "tensor_list, tensor", ("group", "async_op", "algorithm"),
+               "tensor"),
+    Collective("gather", gather, validate.gather, "gather_list, tensor",
+               ("group", "dst", "group_dst", "async_op", "algorithm"), "tensor"),
+    Collective("scatter", scatter, validate.scatter, "tensor, scatter_list",
+               ("group", "src", "group_src", "async_op", "algorithm"), "tensor"),
+    Collective("reduce_scatter", reduce_scatter, validate.reduce_scatter, "output, input_list",
+               ("group", "op", "async_op", "algorithm"), "output"),
+    Collective("all_to_all_single", all_to_all_single, validate.all_to_all_single,
+               "output, input, output_split_sizes, input_split_sizes",
+               ("group", "output_split_sizes", "input_split_sizes", "async_op", "algorithm"), "input"),
+    Collective("all_to_all", all_to_all, validate.all_to_all, "output_tensor_list, input_tensor_list",
+               ("group", "async_op", "algorithm"), "input_tensor_list[0]"),
 )}

@@ -13,11 +13,12 @@ through ``validate``'s full checks, which raise a typed error before any byte mo
 checked record; its plan is made from that and kept.  Later calls of the cell look the plan up
 (``api.py``, keyed by the arguments as passed) and hand their tensors to :meth:`Plan.run`, which
 checks only what can differ from call to call -- that the tensors are contiguous, of the plan's
-dtype, on its device, with sizes that fit, read by the collective's argument roles (:data:`QUICK`)
--- and makes the record.  A call that fails those tests takes the full checks again, which name
-what is wrong and hand :meth:`Plan.run` the record's fields.  Either way the record runs through
-``Group.run``, which owns ordering, tags, deadlines and the executor:
-the cache hit *is* the fast path, not a second implementation.
+dtype, on its device, with sizes that fit, read by the collective's argument roles (:data:`QUICK`:
+for a list form, each list's length and items, and all_to_all_single's split sizes) -- and makes the
+record, with the same fields the full checks would give it.  A call that fails those tests takes
+the full checks again, which name what is wrong and hand :meth:`Plan.run` the record's fields.
+Either way the record runs through ``Group.run``, which owns ordering, tags, deadlines and the
+executor: the cache hit *is* the fast path, not a second implementation.
 
 A group's plans are dropped with the configuration they were made under (``World.config``),
 with the group, and when the ranks turn out unable to share a segment (``Group.forget_plans``).
@@ -110,15 +111,169 @@ class Row:
 #: What :meth:`Plan.run` answers when a cache hit's tensors fail its quick test: the caller takes the full checks.
 MISS = object()
 
-#: The public forms whose cache hits :meth:`Plan.run` reads off their tensors (``api.py``): the plan's attributes
-#: the algorithm takes after the flat buffers (``algorithms``' signatures), and for a pair of tensors which one
-#: holds ``size`` times the other's bytes ("output": a gather, "input": a scatter; ``None``: one tensor, in place).
+def _fits(plan, tensor) -> bool:
+    """Whether ``tensor`` is what the cell's full checks admitted as one of a list form's single tensors: exactly a
+    ``torch.Tensor``, dense, of the plan's dtype, on its device, contiguous."""
+    return type(tensor) is _Tensor and tensor.layout is _strided and tensor.dtype is plan.dtype \
+        and (tensor.is_cpu if plan.on_cpu else tensor.is_cuda) and tensor.is_contiguous()
+
+
+def _items_fit(plan, items, numel: int) -> bool:
+    """Whether ``items`` is a list or tuple of one tensor per rank each :func:`_fits` admits, of ``numel`` elements
+    each (``-1``: any, as all_to_all's may differ): list items that are strided, of another type, length or size are
+    the full checks' to copy or refuse."""
+    if (type(items) is not list and type(items) is not tuple) or len(items) != plan.size:
+        return False
+    dtype, on_cpu = plan.dtype, plan.on_cpu
+    for item in items:
+        if type(item) is not _Tensor or item.layout is not _strided or item.dtype is not dtype \
+                or not (item.is_cpu if on_cpu else item.is_cuda) or not item.is_contiguous() \
+                or (numel >= 0 and item.numel() != numel):
+            return False
+    return True
+
+
+def _no_list(items) -> bool:
+    """A non-root rank's list argument as the full checks run it: ``None`` or an empty list (else they refuse it)."""
+    return items is None or (type(items) is list and not items)
+
+
+# The per-call fields of a cache hit of each list form (and barrier), read off its arguments as passed -- ``(args,
+# nbytes, numel, outputs, copy_out, inputs)`` exactly as ``validate``'s function of the form passes them to
+# :meth:`Plan.run` -- or :data:`MISS` where anything differs from what the cell's full checks admitted.
+
+def _all_gather_fields(plan, tensor_list, tensor, _o, _i):
+    if not _fits(plan, tensor):
+        return MISS
+    numel = tensor.numel()
+    if not _items_fit(plan, tensor_list, numel):
+        return MISS
+    flat = torch.empty(plan.size * numel, dtype=plan.dtype, device=tensor.device)
+    copy_out = tuple(zip(flat.view(plan.size, -1), tensor_list)) if numel else ()
+    flat_in = tensor if tensor.ndim == 1 else tensor.view(-1)
+    return (flat, flat_in), flat.nbytes, numel, tuple(tensor_list), copy_out, (tensor,)
+
+
+def _gather_fields(plan, gather_list, tensor, _o, _i):
+    if not _fits(plan, tensor):
+        return MISS
+    numel = tensor.numel()
+    flat, copy_out, outputs = None, (), ()  # the root alone receives, and copies out into gather_list
+    if plan.group.rank == plan.root:
+        if not _items_fit(plan, gather_list, numel):
+            return MISS
+        flat = torch.empty(plan.size * numel, dtype=plan.dtype, device=tensor.device)
+        if numel:
+            copy_out = tuple(zip(flat.view(plan.size, -1), gather_list))
+        outputs = tuple(gather_list)
+    elif not _no_list(gather_list):
+        return MISS
+    flat_in = tensor if tensor.ndim == 1 else tensor.view(-1)
+    return (flat, flat_in, plan.root), plan.size * tensor.nbytes, numel, outputs, copy_out, (tensor,)
+
+
+def _scatter_fields(plan, tensor, scatter_list, _o, _i):
+    if not _fits(plan, tensor):
+        return MISS
+    numel = tensor.numel()
+    flat, inputs = None, ()
+    if plan.group.rank == plan.root:
+        if not _items_fit(plan, scatter_list, numel):
+            return MISS
+        flat = (torch.cat([item.view(-1) for item in scatter_list]) if numel
+                else torch.empty(0, dtype=plan.dtype, device=tensor.device))
+        inputs = tuple(scatter_list)
+    elif not _no_list(scatter_list):
+        return MISS
+    flat_out = tensor if tensor.ndim == 1 else tensor.view(-1)
+    return (flat_out, flat, plan.root), plan.size * tensor.nbytes, numel, (tensor,), (), inputs
+
+
+def _reduce_scatter_fields(plan, output, input_list, _o, _i):
+    if not _fits(plan, output):
+        return MISS
+    numel = output.numel()
+    if not _items_fit(plan, input_list, numel):
+        return MISS
+    flat = (torch.cat([item.view(-1) for item in input_list]) if numel
+            else torch.empty(0, dtype=plan.dtype, device=output.device))
+    flat_out = output if output.ndim == 1 else output.view(-1)
+    return (flat_out, flat, plan.op), flat.nbytes, numel, (output,), (), tuple(input_list)
+
+
+def _all_to_all_fields(plan, output_list, input_list, _o, _i):
+    if not _items_fit(plan, input_list, -1) or not _items_fit(plan, output_list, -1):
+        return MISS
+    flat_in = torch.cat([item.view(-1) for item in input_list])
+    out_counts = [item.numel() for item in output_list]
+    in_counts = [item.numel() for item in input_list]
+    flat_out = torch.empty(sum(out_counts), dtype=plan.dtype, device=flat_in.device)
+    copy_out = tuple(zip(flat_out.split(out_counts), output_list))
+    return (flat_out, flat_in, out_counts, in_counts), flat_in.nbytes, -1, tuple(output_list), copy_out, \
+        tuple(input_list)
+
+
+def _split_counts(tensor, splits, n: int):
+    """Element counts per rank from dim-0 split sizes as ``validate._split_counts`` derives them, or :data:`MISS`
+    where they would not be admitted as they are (not a list or tuple of ``n`` non-negative ints summing to the rows,
+    or an even split that does not divide): the full checks then convert or refuse them."""
+    rows = tensor.shape[0] if tensor.ndim else 1
+    row_numel = tensor.numel() // rows if rows else 0
+    if splits is None:
+        return MISS if rows % n else [rows // n * row_numel] * n
+    if (type(splits) is not list and type(splits) is not tuple) or len(splits) != n:
+        return MISS
+    total = 0
+    for split in splits:
+        if type(split) is not int or split < 0:
+            return MISS
+        total += split
+    if total != rows:
+        return MISS
+    return [split * row_numel for split in splits]
+
+
+def _all_to_all_single_fields(plan, output, input, output_splits, input_splits):
+    if not _fits(plan, output) or not _fits(plan, input):
+        return MISS
+    in_counts = _split_counts(input, input_splits, plan.size)
+    out_counts = _split_counts(output, output_splits, plan.size)
+    if in_counts is MISS or out_counts is MISS:
+        return MISS
+    # Even splits: every rank's input has as many elements, so the mismatch check compares them (uneven: -1).
+    uneven = input_splits is not None or output_splits is not None
+    args = (output if output.ndim == 1 else output.view(-1), input if input.ndim == 1 else input.view(-1), out_counts,
+            in_counts)
+    return args, input.nbytes, -1 if uneven else input.numel(), (output,), (), (input,)
+
+
+#: A barrier's fields: no tensor, nothing to copy (``validate.barrier``'s).
+_BARRIER = ((), 0, 0, (), (), ())
+
+
+def _barrier_fields(plan, _a, _b, _o, _i):
+    return _BARRIER
+
+
+#: The public forms whose cache hits :meth:`Plan.run` reads off their arguments (``api.py``), by argument roles:
+#: ``(tail, larger, fields)``.  For one tensor or a pair: the plan's attributes the algorithm takes after the flat
+#: buffers (``algorithms``' signatures), and for a pair which one holds ``size`` times the other's bytes ("output":
+#: a gather, "input": a scatter; ``None``: one tensor, in place), read inline (``fields`` ``None``).  For the list
+#: forms and barrier: ``fields(plan, output, input, output_splits, input_splits)``, their quick test and per-call
+#: fields (``tail`` and ``larger`` unused).
 QUICK = {
-    "broadcast": (("root",), None),
-    "all_reduce": (("op",), None),
-    "reduce": (("op", "root"), None),
-    "all_gather_into_tensor": ((), "output"),
-    "reduce_scatter_tensor": (("op",), "input"),
+    "broadcast": (("root",), None, None),
+    "all_reduce": (("op",), None, None),
+    "reduce": (("op", "root"), None, None),
+    "all_gather_into_tensor": ((), "output", None),
+    "reduce_scatter_tensor": (("op",), "input", None),
+    "all_gather": ((), None, _all_gather_fields),
+    "gather": ((), None, _gather_fields),
+    "scatter": ((), None, _scatter_fields),
+    "reduce_scatter": ((), None, _reduce_scatter_fields),
+    "all_to_all": ((), None, _all_to_all_fields),
+    "all_to_all_single": ((), None, _all_to_all_single_fields),
+    "barrier": ((), None, _barrier_fields),
 }
 
 
@@ -131,10 +286,11 @@ class Plan:
     """
 
     __slots__ = ("group", "collective", "dtype", "op", "root", "async_op", "timeout", "rows", "on_cpu", "size",
-                 "itemsize", "profile_name", "tail", "extra", "gathers")
+                 "itemsize", "profile_name", "tail", "extra", "gathers", "fields")
 
     def __init__(self, group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
-                 async_op: bool, timeout: Optional[float], rows: tuple, profile_name: str, any_size: bool = False):
+                 async_op: bool, timeout: Optional[float], rows: tuple, profile_name: str, any_size: bool = False,
+                 form: Optional[str] = None):
         self.group = group
         self.collective = collective
         self.dtype = dtype
@@ -149,7 +305,9 @@ class Plan:
         self.size = group.size()
         self.itemsize = dtype.itemsize
         self.profile_name = profile_name
-        tail, larger = QUICK.get(profile_name, ((), None))
+        # The public form whose arguments a cache hit passes: its profiler name but where two forms share that name
+        # (all_to_all_single's events are "all_to_all", as torch's).
+        tail, larger, fields = QUICK.get(profile_name if form is None else form, ((), None, None))
         #: What a cache hit's record passes to the algorithm after its flat buffers (``QUICK``).
         self.tail = tuple(getattr(self, name) for name in tail)
         #: The one argument after a single flat buffer (all_reduce's op, broadcast's root), else :data:`MISS`: a
@@ -157,43 +315,53 @@ class Plan:
         self.extra = self.tail[0] if len(self.tail) == 1 else MISS
         #: For a pair of tensors: ``True`` if the output holds ``size`` times the input's bytes (a gather).
         self.gathers = larger == "output"
+        #: A list form's (or barrier's) quick test and per-call fields (``QUICK``), else ``None``: read inline.
+        self.fields = fields
 
-    def run(self, output=None, input=None, args: Optional[tuple] = None, nbytes: int = 0, numel: int = 0,
-            outputs: tuple = (), copy_out: tuple = (), inputs=None, options: Optional[dict] = None,
-            record: bool = False):
+    def run(self, output=None, input=None, output_splits=None, input_splits=None, args: Optional[tuple] = None,
+            nbytes: int = 0, numel: int = 0, outputs: tuple = (), copy_out: tuple = (), inputs=None,
+            options: Optional[dict] = None, record: bool = False):
         """Run one call of this cell; ``None``, or its ``Work`` if the plan is ``async_op``.
 
-        A cache hit (``api.py``) passes its tensors as given -- ``output`` alone for a collective in place, else
-        ``output`` and ``input`` -- and they take the quick test of what may differ between the cell's calls (type,
-        layout, device, contiguity, and for a pair the dtype and sizes); on failing it the answer is :data:`MISS`
-        and nothing ran.  The full checks (``validate.py``) pass the record's per-call fields instead: ``args``
-        (the algorithm's arguments after the transport), ``nbytes``, ``numel``, ``outputs``, ``copy_out``,
-        ``inputs`` (what torch's profiler records, else ``outputs``) and ``options``; with ``record`` the record
-        is returned, not run (the coalesced forms run several under one profiler event)."""
+        A cache hit (``api.py``) passes its tensor arguments as given, by the collective's roles (``QUICK``) --
+        ``output`` alone for a collective in place, else ``output`` and ``input`` (a list form's list in either
+        place; all_to_all_single's split sizes after them; nothing for a barrier) -- and they take the quick test of
+        what may differ between the cell's calls (type, layout, device, contiguity, and for a pair or a list the
+        dtype, list lengths, sizes and splits); on failing it the answer is :data:`MISS` and nothing ran.  The full
+        checks (``validate.py``) pass the record's per-call fields instead: ``args`` (the algorithm's arguments after
+        the transport), ``nbytes``, ``numel``, ``outputs``, ``copy_out``, ``inputs`` (what torch's profiler
+        records, else ``outputs``) and ``options``; with ``record`` the record is returned, not run (the coalesced
+        forms run several under one profiler event)."""
         if args is None:  # a cache hit: the quick test, then the record's fields read off the tensors
-            if type(output) is not _Tensor or output.layout is not _strided \
-                    or not (output.is_cpu if self.on_cpu else output.is_cuda) or not output.is_contiguous():
-                return MISS
-            if input is None:  # in place
-                nbytes = output.nbytes
-                numel = nbytes // self.itemsize
-                flat = output if output.ndim == 1 else output.view(-1)
-                args = (flat,) + self.tail if self.extra is MISS else (flat, self.extra)
+            if self.fields is not None:  # a list form or barrier: its own test, the same fields the full checks give
+                fields = self.fields(self, output, input, output_splits, input_splits)
+                if fields is MISS:
+                    return MISS
+                args, nbytes, numel, outputs, copy_out, inputs = fields
             else:
-                if type(input) is not _Tensor or output.dtype is not self.dtype or input.layout is not _strided \
-                        or not (input.is_cpu if self.on_cpu else input.is_cuda) or not input.is_contiguous():
+                if type(output) is not _Tensor or output.layout is not _strided \
+                        or not (output.is_cpu if self.on_cpu else output.is_cuda) or not output.is_contiguous():
                     return MISS
-                if self.gathers:
-                    nbytes, smaller = output.nbytes, input.nbytes
+                if input is None:  # in place
+                    nbytes = output.nbytes
+                    numel = nbytes // self.itemsize
+                    flat = output if output.ndim == 1 else output.view(-1)
+                    args = (flat,) + self.tail if self.extra is MISS else (flat, self.extra)
                 else:
-                    nbytes, smaller = input.nbytes, output.nbytes
-                if nbytes != self.size * smaller:
-                    return MISS
-                numel = smaller // self.itemsize
-                args = (output if output.ndim == 1 else output.view(-1),
-                        input if input.ndim == 1 else input.view(-1)) + self.tail
-                inputs = (input,)
-            outputs = (output,)
+                    if type(input) is not _Tensor or output.dtype is not self.dtype or input.layout is not _strided \
+                            or not (input.is_cpu if self.on_cpu else input.is_cuda) or not input.is_contiguous():
+                        return MISS
+                    if self.gathers:
+                        nbytes, smaller = output.nbytes, input.nbytes
+                    else:
+                        nbytes, smaller = input.nbytes, output.nbytes
+                    if nbytes != self.size * smaller:
+                        return MISS
+                    numel = smaller // self.itemsize
+                    args = (output if output.ndim == 1 else output.view(-1),
+                            input if input.ndim == 1 else input.view(-1)) + self.tail
+                    inputs = (input,)
+                outputs = (output,)
         rows = self.rows
         row = rows[0]
         if nbytes > row.most_bytes:  # "auto"'s rows by size, the last one unbounded
@@ -225,17 +393,18 @@ class Plan:
 
 def plan_for(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
              requested: Optional[str], async_op: bool, timeout: Optional[float], what: str,
-             profile_name: str, any_size: bool = False) -> Plan:
+             profile_name: str, any_size: bool = False, form: Optional[str] = None) -> Plan:
     """The plan of a cell, from ``group.plans`` or made now: the rows of "auto"'s table for the cell (one row for
     an explicit algorithm), each with its function and checker; ``any_size``: the calls' sizes may differ between
-    ranks, so one row serves them all.  Raises ``InvalidArgumentError`` for an unknown algorithm and
+    ranks, so one row serves them all; ``form``: the public form whose cache hits the plan serves, where its
+    ``profile_name`` is another's (``Plan``).  Raises ``InvalidArgumentError`` for an unknown algorithm and
     ``UnsupportedError`` for one that cannot serve the cell, before any byte moves."""
-    key = (collective, dtype, op, root, requested, async_op, timeout, profile_name, any_size)
+    key = (collective, dtype, op, root, requested, async_op, timeout, profile_name, any_size, form)
     plan = group.plans.get(key)
     if plan is None:
         plan = group.plans[key] = Plan(group, collective, dtype, op, root, async_op, timeout,
                                        _rows(group, collective, dtype, op, root, requested, what), profile_name,
-                                       any_size)
+                                       any_size, form)
     return plan
 
 

@@ -439,7 +439,8 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, grou
     out_counts = _split_counts(output, output_split_sizes, "output", g)
     # Even splits: every rank sends as many bytes, and "auto" may choose by size.
     uneven = input_split_sizes is not None or output_split_sizes is not None
-    plan = plan_for(g, "all_to_all", input.dtype, None, -1, algorithm, async_op, None, what, "all_to_all", uneven)
+    plan = plan_for(g, "all_to_all", input.dtype, None, -1, algorithm, async_op, None, what, "all_to_all", uneven,
+                    what)
     # Even splits: every rank's input has as many elements, so the mismatch check compares them (uneven: -1, per rank).
     return _run(plan, key, (_flat(output), _flat(input), out_counts, in_counts), input.nbytes,
                 -1 if uneven else input.numel(), (output,), (), (input,))
