@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from support.plan_group import RecordingGroup
 from support.worlds import worlds
 
 import zerocomm.comm as dist
@@ -309,28 +310,11 @@ def test_each_refusal_of_the_quick_test_takes_the_full_checks_with_the_same_outc
 
 # -- the quick test's split sizes, without a world: the counts validate derives, or MISS ---------------------------
 
-class _Group:
-    """What ``Plan`` and ``validate._split_counts`` read of a group; ``run`` returns the record."""
-
-    on_cpu = True
-    rank = 0
-    my_global_rank = 0
-
-    def __init__(self, size: int):
-        self._size = size
-
-    def size(self) -> int:
-        return self._size
-
-    def run(self, call):
-        return call
-
-
 def _a2as_plan(size: int) -> Plan:
     row = Row(most_bytes=plan_module.select.UNBOUNDED, algorithm="native", function=lambda *a, **k: None,
               checker=None, check=(1, ("cell",)), ride=None)
-    return Plan(_Group(size), "all_to_all", torch.float32, None, -1, False, None, (row,), "all_to_all", True,
-                "all_to_all_single")
+    return Plan(RecordingGroup(size), "all_to_all", torch.float32, None, -1, False, None, (row,), "all_to_all",
+                True, "all_to_all_single")
 
 
 def test_the_quick_tests_split_counts_are_validates_or_a_miss():
@@ -357,7 +341,7 @@ def test_the_quick_tests_split_counts_are_validates_or_a_miss():
         elif broken == "bool" and splits[0] in (0, 1):
             splits[0] = bool(splits[0])
         call = plan.run(out, data, got, splits)
-        group = _Group(n)
+        group = RecordingGroup(n)
         try:
             counts = validate._split_counts(data, splits, "input", group)
         except InvalidArgumentError:

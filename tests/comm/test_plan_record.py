@@ -10,23 +10,10 @@ import textwrap
 import pytest
 import torch
 
+from support.plan_group import RecordingGroup
+
 from zerocomm.comm import plan as plan_module
 from zerocomm.comm.plan import MISS, Call, Plan, Row
-
-
-class _Group:
-    """What ``Plan`` reads of a group, and a ``run`` that returns the record instead of running it."""
-
-    on_cpu = True
-
-    def __init__(self, size: int):
-        self._size = size
-
-    def size(self) -> int:
-        return self._size
-
-    def run(self, call):
-        return call
 
 
 def _fn(*args, **kwargs):
@@ -36,7 +23,7 @@ def _fn(*args, **kwargs):
 def _plan(collective: str, public: str, size: int = 2, op="sum", root=-1, rows=None) -> Plan:
     rows = rows or (Row(most_bytes=plan_module.select.UNBOUNDED, algorithm="native", function=_fn, checker=None,
                         check=(1, ("cell",)), ride=None),)
-    return Plan(_Group(size), collective, torch.float32, op, root, False, None, rows, public)
+    return Plan(RecordingGroup(size), collective, torch.float32, op, root, False, None, rows, public)
 
 
 def _expected(plan: Plan, row: Row, **per_call) -> Call:
