@@ -7,7 +7,8 @@ Each rank writes its record (the last calls of each of its groups, see docs/fail
 peer and at ``destroy_process_group``.  This reads every ``flight-rank<R>.json`` of the folder and prints, for
 each group, the first call number on which its ranks diverge -- a rank that has no such call (missing), or one
 whose call differs in collective, size or dtype -- then where each rank stands: its last call, that call's state
-(queued, started, issued, completed, failed) and the caller's ``file:line``.  A rank that wrote no file is named
+(queued, started, issued, completed, failed) and the caller's ``file:line`` where it is known (a call in
+progress at a failure, or every call under ``ZEROCOMM_FLIGHT_CALLERS=1``).  A rank that wrote no file is named
 as such.  It reads JSON only: it runs on any machine, without a world.
 """
 from __future__ import annotations
@@ -39,7 +40,16 @@ def load(folder: str) -> Dict[int, dict]:
 
 def _call(row: list) -> str:
     seq, collective, nbytes, numel, dtype, algorithm, state, where = row
-    return f"#{seq} {collective} {nbytes} B {dtype} ({algorithm}, {state}) at {where}"
+    at = "" if where == "?" else f" at {where}"  # "?": the caller was not recorded (ZEROCOMM_FLIGHT_CALLERS)
+    return f"#{seq} {collective} {nbytes} B {dtype} ({algorithm}, {state}){at}"
+
+
+def _standing(content: dict) -> str:
+    """Where the rank's thread stood when it wrote the record, if outside any collective."""
+    now = content.get("now")
+    if not now or now.get("in_call"):
+        return ""
+    return f"; it stood at {now['at']}, outside any collective"
 
 
 def diverge(group_ranks: List[int], rows_by_rank: Dict[int, Optional[List[list]]]) -> Optional[dict]:
@@ -120,7 +130,7 @@ def report(records: Dict[int, dict]) -> str:
         last = [f"{name}: {_call(group['records'][-1])}" for name, group in content.get("groups", {}).items()
                 if group.get("records")]
         lines.append(f"  rank {rank} (host {content.get('host', '?')}, pid {content.get('pid', '?')}): "
-                     + ("; ".join(last) if last else "no calls"))
+                     + ("; ".join(last) if last else "no calls") + _standing(content))
         if content.get("failure"):
             lines.append(f"    its failure: {content['failure']}")
     return "\n".join(lines)

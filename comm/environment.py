@@ -23,6 +23,8 @@ VARIABLES = {
     "ZEROCOMM_PROFILE": "a path: record every collective from init to destroy and write per-rank files",
     "ZEROCOMM_FLIGHT_DUMP": "a folder: each rank writes its flight record (flight-rank<R>.json) on a timeout or "
                             "lost peer and at destroy_process_group",
+    "ZEROCOMM_FLIGHT_CALLERS": "\"1\": the flight recorder notes every call's caller (file:line), at a frame "
+                               "walk per call",
     "ZEROCOMM_SWITCH_INTERVAL": "seconds; if set, sys.setswitchinterval at init",
     "ZEROCOMM_MAX_QUEUED": "calls a group may have queued behind the running one before a caller waits",
     "ZEROCOMM_TORCH_DEFAULT_GROUP": "\"0\": init_process_group leaves torch's default process group alone",

@@ -1,28 +1,32 @@
 """The flight recorder: each rank's last calls, always kept, published for its peers, written on failure.
 
-[Note: flight recorder]  Every group keeps a ring of its last :data:`RING` calls (``Group.flight``), written
-by ``Group.run`` -- the one place every collective passes (plan.py's "one path") -- as one tuple per call,
-in place, under the group's lock and without a lock of its own::
-
-    (seq, check, nbytes, code, lasti)
-
-``seq`` is the group's call number (#1 is its first call), ``check`` the call's ``Call.check`` -- its cell,
-``(collective, op, dtype, root, algorithm)`` as the mismatch check's small integers, made once per plan row --,
-``nbytes`` its size (``Call.nbytes``), ``code``/``lasti`` the code object and
-instruction offset of the caller's frame: the first frame outside the library (:func:`outside`), resolved
-to ``file:line`` only when a record is read.  A record's state is not written per call either: the group
+[Note: flight recorder]  Every group keeps rings of its last :data:`RING` calls, written by ``Group.run`` --
+the one place every collective passes (plan.py's "one path") -- under the group's lock and without a lock of
+their own: per call, its cell (``Group.flight``: ``Call.check``, ``(collective, op, dtype, root, algorithm)`` as
+the mismatch check's small integers, made once per plan row) and its size in bytes (``Group.flight_sizes``), at
+slot ``seq & MASK``.  Two stores into preallocated lists, about 1% of the smallest call (an 8-byte all_reduce
+on shared memory, ~3 us): the call number is the slot's, the state is not written per call either -- the group
 notes the tag of the call it started and of the last one it completed (``Group.flight_started`` and
-``flight_done``; its calls run in order), and :func:`state` derives queued / started / completed / failed
-from them.  The cost per call is one ``sys._getframe`` and a tuple (measured by ``tests/support/flight_cost.py``;
-docs/failures.md).
+``flight_done``; its calls run in order), and :func:`state` derives queued / started / completed / failed from
+them.
 
-A daemon thread per world (:class:`Publisher`) writes this rank's head -- the last call of each group --
-to the world's store, under ``zerocomm/flight/<global rank>``, about every :data:`PUBLISH_S` seconds and only
-when it changed.  A rank stuck in Python (or waiting in a collective) still answers through it.  When a call
-times out or loses a peer, :func:`note` reads the peers' heads from the store (within a short bound) and the
-error names the ranks that did not arrive and what each last called.  ``ZEROCOMM_FLIGHT_DUMP=dir`` makes
-:func:`dump` write ``dir/flight-rank<R>.json`` on such a failure and at ``destroy_process_group``;
-``zerocomm-trace flight dir`` (``benchmarks/flight_report.py``) merges them.
+Where the rank is, the caller's ``file:line``, is not taken per call: a frame per call would cost about as much
+as the rest of the call's Python (tests/support/flight_cost.py measures both; docs/failures.md).  It is taken
+when it is asked: where a rank stands still -- its heads unchanged for one publishing period, a hang or a rank
+stuck in Python -- the publisher reads the stack of the thread that made the world (:func:`position`); an error
+reads its own; either names the first frame outside the library, and fills in the ``file:line`` of the call
+in progress where that frame is inside one.  ``ZEROCOMM_FLIGHT_CALLERS=1`` records every call's caller too
+(``Group.flight_callers``), for a divergence that needs the line of each past call, at the cost of a frame walk
+per call.
+
+A daemon thread per world (:class:`Publisher`) writes this rank's head -- the last call of each group, and
+where the rank stands when it stands still -- to the world's store, under ``zerocomm/flight/<global rank>``,
+about every :data:`PUBLISH_S` seconds and only when it changed.  A rank stuck in Python (or waiting in a
+collective) still answers through it.  When a call times out or loses a peer, :func:`note` reads the peers'
+heads from the store (within a short bound) and the error names the ranks that did not arrive, what each last
+called and where it stands.  ``ZEROCOMM_FLIGHT_DUMP=dir`` makes :func:`dump` write ``dir/flight-rank<R>.json``
+on such a failure and at ``destroy_process_group``; ``zerocomm-trace flight dir`` (``benchmarks/flight_report.py``)
+merges them.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import collections
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Dict, List, Optional
@@ -72,13 +77,6 @@ except ImportError:  # pragma: no cover - torch is a dependency
 #: id is never reused while it is in here.
 KNOWN: Dict[int, tuple] = {}
 KNOWN_LIMIT = 1 << 14  # code made at run time (exec) could be endless: forget and learn again past this
-#: The last callers' codes met first on a call's frame walk (8 slots, the oldest replaced: a ZeRO step's call
-#: sites, and a warm-up's, fit).  ``Group.run`` compares a call's frame with them by identity, the most recent
-#: hits first in practice, and calls :func:`outside` only where it differs from all.
-HOT: list = [None] * 8
-_HOT_NEXT = [0]
-
-
 class _Nowhere:
     """A frame stand-in for a call with no caller outside the library (a hook on a thread of torch's)."""
     f_code = None
@@ -95,24 +93,61 @@ def _is_library(code) -> bool:
     return name.startswith(_LIBRARY_DIRS) or name in _LIBRARY_FILES
 
 
+def _learn(code) -> tuple:
+    if len(KNOWN) >= KNOWN_LIMIT:
+        KNOWN.clear()
+    known = KNOWN[id(code)] = (code, _is_library(code))
+    return known
+
+
+def _library(code) -> bool:
+    known = KNOWN.get(id(code))
+    return (_learn(code) if known is None or known[0] is not code else known)[1]
+
+
 def outside(frame):
     """The first frame from ``frame`` up that is not the library's (or :data:`NOWHERE`)."""
-    first = True
     while frame is not None:
         code = frame.f_code
-        known = KNOWN.get(id(code))
+        known = KNOWN.get(id(code))  # inline: under ZEROCOMM_FLIGHT_CALLERS this runs once per call
         if known is None or known[0] is not code:
-            if len(KNOWN) >= KNOWN_LIMIT:
-                KNOWN.clear()
-            known = KNOWN[id(code)] = (code, _is_library(code))
+            known = _learn(code)
         if not known[1]:
-            if first and code not in HOT:
-                HOT[_HOT_NEXT[0]] = code
-                _HOT_NEXT[0] = (_HOT_NEXT[0] + 1) % len(HOT)
             return frame
-        first = False
         frame = frame.f_back
     return NOWHERE
+
+
+#: The functions of ``zerocomm.comm`` a thread is in while a call of its runs or is awaited: ``Group.execute``
+#: (every call runs there) and ``Work.wait`` (a queued or issued call's caller).
+_CALL_FUNCTIONS = frozenset(("execute", "wait"))
+_COMM_DIR = os.path.join(_PACKAGE, "comm") + os.sep
+
+
+def callers_wanted() -> bool:
+    """``ZEROCOMM_FLIGHT_CALLERS=1``: every call's caller is recorded (read when a group is made)."""
+    return environment.get("ZEROCOMM_FLIGHT_CALLERS") == "1"
+
+
+def position(frame) -> Optional[dict]:
+    """Where a thread whose innermost Python frame is ``frame`` stands: ``{"at": "file:line", "in_call": bool}``
+    -- its first frame outside the library, and whether it is inside one of the library's calls there (a frame
+    of ``zerocomm.comm`` below it) -- or ``None`` (no frame, or none outside the library)."""
+    in_call = False
+    while frame is not None:
+        code = frame.f_code
+        if not _library(code):
+            return {"at": where(code, frame.f_lasti), "in_call": in_call}
+        in_call = in_call or (code.co_name in _CALL_FUNCTIONS and code.co_filename.startswith(_COMM_DIR))
+        frame = frame.f_back
+    return None
+
+
+def position_of(thread_ident: Optional[int]) -> Optional[dict]:
+    """:func:`position` of the thread ``thread_ident`` (``None``: none, or it has ended)."""
+    if thread_ident is None:
+        return None
+    return position(sys._current_frames().get(thread_ident))
 
 
 def where(code, lasti: int) -> str:
@@ -152,24 +187,27 @@ def state(group, record: tuple) -> str:
     return QUEUED
 
 
+def record(group, seq: int) -> tuple:
+    """The record of the group's call ``seq`` (one of its last :data:`RING`): ``(seq, check, nbytes, caller)``,
+    ``caller`` a ``(code, instruction offset)`` where callers are recorded, else ``None``."""
+    slot = seq & MASK
+    callers = group.flight_callers
+    return seq, group.flight[slot], group.flight_sizes[slot], None if callers is None else callers[slot]
+
+
 def records(group) -> List[tuple]:
-    """The group's recorded calls, oldest first."""
-    ring = group.flight
-    if ring is None:
+    """The group's recorded calls, oldest first (:func:`record`).  The oldest slot is left out: the next call
+    writes it, perhaps while this reads."""
+    if group.flight is None:
         return []
     last = group.seq
-    found = []
-    for seq in range(max(last - RING + 1, group.flight_origin + 1), last + 1):
-        record = ring[seq & MASK]
-        if record is not None and record[0] == seq:
-            found.append(record)
-    return found
+    return [record(group, seq) for seq in range(max(last - RING + 2, group.flight_origin + 1), last + 1)]
 
 
 def cell(check: tuple) -> tuple:
     """``(collective, dtype, itemsize, algorithm)`` of a recorded ``Call.check`` (``check.fingerprint_cell``'s
     integers; an internal call without one reads "internal")."""
-    if not check[1]:
+    if not check or not check[1]:
         return "internal", "uint8", 1, "?"
     collective, _, dtype_id, _, algorithm = check[1]
     dtype = SUPPORTED_DTYPES[dtype_id] if 0 <= dtype_id < len(SUPPORTED_DTYPES) else None
@@ -177,38 +215,61 @@ def cell(check: tuple) -> tuple:
             1 if dtype is None else dtype.itemsize, ALGORITHM_NAMES[algorithm])
 
 
-def as_row(group, record: tuple) -> list:
+#: A record's ``file:line`` where nothing says where its caller was.
+UNKNOWN = "?"
+#: The ``file:line`` of calls seen in progress (:func:`as_row`), by ``(group name, seq)``: a record keeps it
+#: after its thread moved on (a failed call's, in the record written at ``destroy_process_group``).
+PLACES: Dict[tuple, str] = {}
+PLACES_KEPT = 64
+
+
+def as_row(group, record_: tuple, standing: Optional[dict] = None) -> list:
     """A record as JSON: ``[seq, collective, nbytes, numel, dtype, algorithm, state, "file:line"]`` (``numel``:
-    ``nbytes`` over the dtype's size)."""
-    seq, check, nbytes, code, lasti = record
+    ``nbytes`` over the dtype's size).  ``standing`` (:func:`position`) gives the ``file:line`` of a call in
+    progress whose caller was not recorded: the rank's thread is inside that call."""
+    seq, check, nbytes, caller = record_
     collective, dtype, itemsize, algorithm = cell(check)
-    return [seq - group.flight_origin, collective, nbytes, nbytes // itemsize, dtype, algorithm,
-            state(group, record), where(code, lasti)]
+    state_ = state(group, record_)
+    if caller is not None:
+        place = where(*caller)
+    else:
+        key = (group.name, seq)
+        place = PLACES.get(key, UNKNOWN)
+        if place == UNKNOWN and standing is not None and standing["in_call"] \
+                and state_ in (STARTED, FAILED, ISSUED):
+            place = PLACES[key] = standing["at"]
+            while len(PLACES) > PLACES_KEPT:
+                PLACES.pop(next(iter(PLACES), None), None)
+    return [seq - group.flight_origin, collective, nbytes, nbytes // itemsize, dtype, algorithm, state_, place]
 
 
-def head(groups) -> Dict[str, list]:
+def head(groups, standing: Optional[dict] = None) -> Dict[str, list]:
     """Each group's last call (:func:`as_row`), by group name."""
     heads = {}
     for group in groups:
-        ring = group.flight
-        if ring is None:
+        if group.flight is None:
             continue
-        seq = group.seq
+        seq = group.seq  # its record is written before ``seq`` moves (Group.run)
         if seq == group.flight_origin:  # no call yet
             continue
-        record = ring[seq & MASK]
-        if record is None or record[0] != seq:  # being written now: the one before
-            record = ring[(seq - 1) & MASK]
-        if record is not None and record[0] <= seq:
-            heads[group.name] = as_row(group, record)
+        heads[group.name] = as_row(group, record(group, seq), standing)
     return heads
 
 
 def describe_row(row: list, group_name: Optional[str] = None) -> str:
-    """``all_reduce #5 (started, 8 B float32, shm) at train.py:12``."""
+    """``all_reduce #5 (started, 8 B float32, shm) at train.py:12`` (no ``at`` where the caller is unknown)."""
     seq, collective, nbytes, _, dtype, algorithm, state_, place = row
     on = "" if group_name is None else f" on group {group_name}"
-    return f"{collective} #{seq}{on} ({state_}, {nbytes} B {dtype}, {algorithm}) at {place}"
+    at = "" if place == UNKNOWN else f" at {place}"
+    return f"{collective} #{seq}{on} ({state_}, {nbytes} B {dtype}, {algorithm}){at}"
+
+
+def describe_standing(standing: Optional[dict]) -> str:
+    """``; it is now at train.py:40, outside any collective`` (empty where unknown or inside a call, which its
+    row says)."""
+    if not standing or standing.get("in_call"):
+        return ""
+    return f"; it is now at {standing['at']}, outside any collective"
 
 
 # -- publishing ---------------------------------------------------------------------------------------
@@ -220,13 +281,17 @@ class Publisher:
     nothing is published and peers say so.  :meth:`stop` (``destroy_process_group``) writes the last head
     and ends the thread."""
 
-    def __init__(self, store, rank: int, world_size: int, groups, backend: str = "") -> None:
+    def __init__(self, store, rank: int, world_size: int, groups, backend: str = "",
+                 thread: Optional[int] = None) -> None:
         self.store = store
+        #: The thread that made the world (``threading.get_ident``): where a rank that stands still stands.
+        self.thread = thread
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
         self._groups = groups  # World.groups: read, never written, by the thread
         self._last: Optional[str] = None
+        self._marks: Optional[tuple] = None  # the groups' call numbers and marks at the last look
         self._lock = threading.Lock()  # one writer at a time: the thread, or an error path publishing now
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -239,10 +304,11 @@ class Publisher:
             self._thread = threading.Thread(target=self._serve, name="zerocomm.flight", daemon=True)
             self._thread.start()
 
-    def snapshot(self) -> str:
+    def snapshot(self, standing: Optional[dict] = None) -> str:
         calls = dict(self._closed)
-        calls.update(head(list(self._groups.values())))
-        return json.dumps({"rank": self.rank, "t": round(time.time(), 3), "calls": calls}, separators=(",", ":"))
+        calls.update(head(list(self._groups.values()), standing))
+        return json.dumps({"rank": self.rank, "t": round(time.time(), 3), "calls": calls, "now": standing},
+                          separators=(",", ":"))
 
     def closing(self, group) -> None:
         """``group`` is being destroyed: keep its head, and publish it now."""
@@ -254,13 +320,14 @@ class Publisher:
                 self._closed.pop(next(iter(self._closed)))
         self.publish_now()
 
-    def publish(self) -> None:
-        """Write the head now if it changed (its time aside); errors of the store are the reader's to report.
-        Waits at most :data:`READ_S` for a write under way (a store that stopped answering holds it)."""
+    def publish(self, standing: Optional[dict] = None) -> None:
+        """Write the head (and ``standing``, :func:`position`) now if it changed (its time aside); errors of the
+        store are the reader's to report.  Waits at most :data:`READ_S` for a write under way (a store that
+        stopped answering holds it)."""
         if self.store is None or not self._lock.acquire(timeout=READ_S):
             return
         try:
-            text = self.snapshot()
+            text = self.snapshot(standing)
             body = text[text.index(",\"calls\""):]
             if body == self._last:
                 return
@@ -269,16 +336,22 @@ class Publisher:
         finally:
             self._lock.release()
 
-    def publish_now(self) -> None:
+    def publish_now(self, standing: Optional[dict] = None) -> None:
         """:meth:`publish` from an error path or ``destroy_process_group``: within :data:`READ_S`, never raising
         (a store whose host is gone or stuck must not hold back the error or the destroy)."""
         if self.store is not None:
-            best_effort.within(self.publish, READ_S)
+            best_effort.within(lambda: self.publish(standing), READ_S)
 
     def _serve(self) -> None:
         while not self._stop.wait(PUBLISH_S):
             try:
-                self.publish()
+                # A rank whose calls stood still since the last look (a hang, or a rank stuck in Python) says
+                # where it stands; one that moves on says what it called.
+                groups = list(self._groups.values())
+                marks = tuple((group.seq, group.flight_started, group.flight_done) for group in groups)
+                standing = position_of(self.thread) if marks == self._marks else None
+                self._marks = marks
+                self.publish(standing)
             except Exception:  # the store went away (its host rank left): nobody is left to read it
                 return
 
@@ -317,12 +390,12 @@ PUBLISHER: Optional[Publisher] = None
 
 
 def start(store, rank: int, world_size: int, groups, backend: str = "") -> None:
-    """A world was made: publish its rank's head through ``store`` (or nothing, where ``None``); ``groups``: the
-    world's groups by name (``World.groups``), read, never written."""
+    """A world was made, by the calling thread: publish its rank's head through ``store`` (or nothing, where
+    ``None``); ``groups``: the world's groups by name (``World.groups``), read, never written."""
     global PUBLISHER
     stop()
     best_effort.reset()
-    PUBLISHER = Publisher(store, rank, world_size, groups, backend)
+    PUBLISHER = Publisher(store, rank, world_size, groups, backend, threading.get_ident())
 
 
 def closing(group) -> None:
@@ -341,6 +414,7 @@ def closing(group) -> None:
 def stop() -> None:
     global PUBLISHER
     _CLOSED.clear()
+    PLACES.clear()
     publisher, PUBLISHER = PUBLISHER, None
     if publisher is not None:
         publisher.stop()
@@ -363,16 +437,19 @@ def _note(group, collective: str, failed_peer: Optional[int], wait_s: float) -> 
     publisher = PUBLISHER
     if publisher is None or group.flight is None:
         return ""
-    mine = head([group]).get(group.name)
+    standing = position(sys._getframe(1))  # inside the failing call: its caller
+    mine = head([group], standing).get(group.name)
     if mine is None:
         return ""
-    publisher.publish_now()  # this rank's failing call, for the peers reading now
+    publisher.publish_now(standing)  # this rank's failing call, for the peers reading now
     peers = [rank for rank in group.ranks if rank != group.my_global_rank]
     deadline = time.monotonic() + wait_s
     while True:
         heads = publisher.read(peers)
-        behind = [rank for rank in peers if isinstance(heads[rank], dict)  # a rank without a record: no wait
-                  and heads[rank]["calls"].get(group.name, [0])[0] < mine[0]]
+        # A rank without a record: no wait.  One behind this call, or in it without saying where (it publishes
+        # its call's caller from its error path: a mismatch is raised on every rank at once), may yet publish.
+        behind = [rank for rank in peers if isinstance(heads[rank], dict)
+                  and _behind(heads[rank]["calls"].get(group.name), mine[0])]
         if not behind or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
@@ -387,7 +464,8 @@ def _note(group, collective: str, failed_peer: Optional[int], wait_s: float) -> 
         if here is None:
             parts.append(f"rank {rank} did not arrive: it has made no call on group {group.name}")
         elif here[0] < mine[0]:
-            parts.append(f"rank {rank} did not arrive: it last called {describe_row(here)}")
+            parts.append(f"rank {rank} did not arrive: it last called {describe_row(here)}"
+                         f"{describe_standing(seen.get('now'))}")
         elif here[1:4] != mine[1:4] and here[0] == mine[0]:
             parts.append(f"rank {rank} called {describe_row(here)} instead")
         elif rank == failed_peer:
@@ -401,6 +479,10 @@ def _note(group, collective: str, failed_peer: Optional[int], wait_s: float) -> 
         return ""
     return (f" Flight recorder (this rank: {describe_row(mine)}; peers as last published, within "
             f"{PUBLISH_S:g} s): " + "; ".join(parts) + ".")
+
+
+def _behind(row: Optional[list], seq: int) -> bool:
+    return row is None or row[0] < seq or (row[0] == seq and row[7] == UNKNOWN)
 
 
 def failed(group, error_text: str) -> None:
@@ -422,6 +504,7 @@ def dump(groups=None) -> Optional[str]:
     publisher = PUBLISHER
     if not folder or publisher is None:
         return None
+    standing = position(sys._getframe(1))  # on a failure, inside the failing call: its caller
     if groups is None:
         live = list(publisher._groups.values())
         groups = [group for group in _CLOSED if group not in live] + live
@@ -429,7 +512,9 @@ def dump(groups=None) -> Optional[str]:
         "rank": publisher.rank, "world_size": publisher.world_size, "host": socket.gethostname(),
         "pid": os.getpid(), "time": time.time(), "backend": publisher.backend, "failure": publisher.failure,
         "fields": ["seq", "collective", "nbytes", "numel", "dtype", "algorithm", "state", "where"],
-        "groups": {group.name: {"ranks": group.ranks, "records": [as_row(group, r) for r in records(group)]}
+        "now": standing,
+        "groups": {group.name: {"ranks": group.ranks,
+                                "records": [as_row(group, r, standing) for r in records(group)]}
                    for group in groups if group.flight is not None},
     }
     os.makedirs(folder, exist_ok=True)

@@ -38,10 +38,6 @@ from .transport import USER_TAG_LIMIT, Backend, PeerFailure
 from .work import IssuedWork, Work
 
 _monotonic = time.monotonic
-_getframe = sys._getframe
-#: The codes of the last callers met first on a frame walk (``flight.HOT``): a recorded call whose frame is one
-#: of them needs no walk (compared by identity: a code object's hash reads its whole bytecode).
-_CALLER = flight.HOT
 _FLIGHT_MASK = flight.MASK
 
 #: The deadline of a group created without one (``CommConfig.timeout_s``'s default; see docs/failures.md).
@@ -98,9 +94,17 @@ class Group:
         #: function is a key is issued directly (see ``run``).
         self.issuers: Dict = {self.backend_type.NATIVE[name]: issue for name, issue in self.backend_type.ISSUE.items()}
         self._seq = communicator.tag_origin
-        #: The flight recorder's ring of this group's last calls, and the tags of the call it started and of
-        #: the last it completed (``flight.py``: a record's state derives from them).
+        #: The flight recorder's rings of this group's last calls -- each call's cell (``Call.check``) and size
+        #: in bytes, at slot ``seq & flight.MASK`` -- and the tags of the call it started and of the last it
+        #: completed (``flight.py``: a record's state derives from them).
         self.flight: Optional[list] = [None] * flight.RING
+        self.flight_sizes: List[int] = [0] * flight.RING
+        #: Each call's caller, ``(code, instruction offset)``, where ``ZEROCOMM_FLIGHT_CALLERS=1`` asks for them
+        #: (``flight.CALLERS``): then ``run`` is wrapped by the one that notes them (``_run_noting_caller``).
+        self.flight_callers: Optional[list] = None
+        if flight.callers_wanted():
+            self.flight_callers = [None] * flight.RING
+            self.run = self._run_noting_caller
         self._flight_origin = self._seq
         self._flight_started: Optional[int] = None
         self._flight_done: Optional[int] = None
@@ -169,21 +173,14 @@ class Group:
                     f"rank {self.my_global_rank}: {call.collective}: {self.describe()} is unusable after an earlier "
                     f"failure; destroy it and create it again (destroy_process_group, then init_process_group or "
                     f"new_group). The first failure: {self.failure}")
-            self._seq = seq = self._seq + 1
+            seq = self._seq + 1
             tag = USER_TAG_LIMIT + seq % _TAG_SPAN
             ring = self.flight
-            if ring is not None:  # the flight recorder (flight.py): the call, and where the caller made it
-                frame = _getframe(3)  # Group.run <- Plan.run <- the public function <- usually the caller
-                code = frame.f_code
-                # One of the last callers met first (ZeRO's call sites take turns): no walk, no call.
-                if code is not _CALLER[0] and code is not _CALLER[1] and code is not _CALLER[2] \
-                        and code is not _CALLER[3] and code is not _CALLER[4] and code is not _CALLER[5] \
-                        and code is not _CALLER[6] and code is not _CALLER[7]:
-                    frame = flight.outside(frame)
-                    code = frame.f_code
-                # The call's cell (collective, op, dtype, root, algorithm: ``Call.check``) and size, read back by
-                # flight.py: two items of ``call``, so that recording costs as little as it can.
-                ring[seq & _FLIGHT_MASK] = (seq, call[16], call[12], code, frame.f_lasti)
+            if ring is not None:  # the flight recorder (flight.py): the call's cell and size, nothing more per call
+                slot = seq & _FLIGHT_MASK
+                ring[slot] = call[16]  # ``Call.check``: (collective, op, dtype, root, algorithm), made once per row
+                self.flight_sizes[slot] = call[12]  # ``Call.nbytes``
+            self._seq = seq  # after the record: a reader of ``seq`` (the publisher's thread) finds it written
             # Inline, under the lock: nothing is queued or running (so nothing can run beside it), and no
             # call issued after it can be queued before it ends.  A blocking call made on the executor
             # thread itself (from a Work's future callback) runs inline too: queueing it behind the task
@@ -210,6 +207,15 @@ class Group:
             return work
         work.wait()
         return None
+
+    def _run_noting_caller(self, call) -> Optional[Work]:
+        """``run``, noting the caller's ``file:line`` in the record first (``ZEROCOMM_FLIGHT_CALLERS=1``): the
+        first frame outside the library, a walk per call (its cost: docs/failures.md)."""
+        frame = flight.outside(sys._getframe(1))
+        # ``run`` numbers the call ``seq + 1``; a call from another thread in between (calls of one group made
+        # from two threads at once) may take that number first: its caller then shows on this one's record.
+        self.flight_callers[(self._seq + 1) & _FLIGHT_MASK] = (frame.f_code, frame.f_lasti)
+        return Group.run(self, call)
 
     @property
     def seq(self) -> int:

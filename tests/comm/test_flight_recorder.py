@@ -38,6 +38,8 @@ def _line(marker: str) -> int:
 def fault(kind: str, folder: str) -> dict:
     """Run on every rank: calls #1 and #2 on a new group, then call #3 with the last rank at fault."""
     os.environ["ZEROCOMM_FLIGHT_DUMP"] = folder
+    if kind == "skip":  # every call's caller recorded: the missing rank's last completed call says where it was made
+        os.environ["ZEROCOMM_FLIGHT_CALLERS"] = "1"
     try:
         rank, size = dist.get_rank(), dist.get_world_size()
         late = size - 1
@@ -54,7 +56,7 @@ def fault(kind: str, folder: str) -> dict:
             elif kind == "skip":
                 pass  # it leaves the group instead (below)
             elif kind == "stuck":
-                time.sleep(TIMEOUT.total_seconds() + 1.5)  # alive, stuck in Python past the others' deadline
+                time.sleep(TIMEOUT.total_seconds() + 1.5)  # flight: stuck
             else:
                 dist.broadcast(x, 0, group=handle)  # flight: different
         except dist.CommError as error:
@@ -64,6 +66,7 @@ def fault(kind: str, folder: str) -> dict:
         return seen
     finally:
         os.environ.pop("ZEROCOMM_FLIGHT_DUMP", None)
+        os.environ.pop("ZEROCOMM_FLIGHT_CALLERS", None)
 
 
 def _trace(folder: Path) -> str:
@@ -80,6 +83,7 @@ def test_a_survivors_error_names_the_faulty_rank_and_its_last_call(world, kind, 
     size = len(ranks)
     late = size - 1
     before, different = f"{HERE}:{_line('flight: before')}", f"{HERE}:{_line('flight: different')}"
+    stuck = f"{HERE}:{_line('flight: stuck')}"
     for seen in ranks:
         if seen["rank"] == late and kind != "different":
             continue  # it made no call #3: nothing failed for it
@@ -96,9 +100,12 @@ def test_a_survivors_error_names_the_faulty_rank_and_its_last_call(world, kind, 
         if kind == "different":
             assert re.search(rf"rank {late} called broadcast #3 \(\w+, 8 B float32, \w+\) at "
                              rf"\S*{re.escape(different)}\b", text), text
-        else:
+        elif kind == "skip":  # callers recorded: where its last call was made
             assert re.search(rf"rank {late} did not arrive: it last called all_reduce #2 \(completed, 8 B float32, "
                              rf"\w+\) at \S*{re.escape(before)}\b", text), text
+        else:  # where it stands, read off its stack by its publisher's thread
+            assert re.search(rf"rank {late} did not arrive: it last called all_reduce #2 \(completed, 8 B float32, "
+                             rf"\w+\); it is now at \S*{re.escape(stuck)}, outside any collective", text), text
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"flight-rank{r}.json" for r in range(size)]
     report = _trace(tmp_path)
     group = ranks[0]["group"]
@@ -109,8 +116,9 @@ def test_a_survivors_error_names_the_faulty_rank_and_its_last_call(world, kind, 
                          r"  <- differs", report), report
     else:
         assert f"missing at call #3: rank(s) [{late}]" in report, report
-        assert re.search(rf"rank {late}: missing \(its last call is #2 all_reduce 8 B float32 \(\w+, completed\) "
-                         rf"at \S*{re.escape(before)}\)", report), report
+        at = rf" at \S*{re.escape(before)}" if kind == "skip" else ""
+        assert re.search(rf"rank {late}: missing \(its last call is #2 all_reduce 8 B float32 \(\w+, completed\)"
+                         rf"{at}\)", report), report
         survivors = f"{HERE}:{_line('flight: survivors')}"
         assert re.search(rf"rank 0: #3 all_reduce 8 B float32 \(\w+, failed\) at \S*{re.escape(survivors)}",
                          report), report
@@ -127,6 +135,8 @@ class _FakeGroup:
     def __init__(self):
         from zerocomm.comm import flight
         self.flight = [None] * flight.RING
+        self.flight_sizes = [0] * flight.RING
+        self.flight_callers = [None] * flight.RING
         self.seq = self.flight_origin = 1000
         self.flight_started = self.flight_done = None
         self.failure = None
@@ -137,10 +147,12 @@ def _record(group, collective="all_reduce", nbytes=8):
     """What Group.run writes for one call."""
     from zerocomm.comm import flight
     from zerocomm.comm import check
-    group.seq += 1
-    code = sys._getframe().f_code
+    slot = (group.seq + 1) & flight.MASK
     cell = check.fingerprint_cell(collective, "sum", torch.float32, -1, "ring")
-    group.flight[group.seq & flight.MASK] = (group.seq, (hash(cell), cell), nbytes, code, 0)
+    group.flight[slot] = (hash(cell), cell)
+    group.flight_sizes[slot] = nbytes
+    group.flight_callers[slot] = (sys._getframe().f_code, sys._getframe().f_lasti)  # flight: unit record
+    group.seq += 1  # after the record, as Group.run
 
 
 def _tag(group, seq):
@@ -156,10 +168,14 @@ def test_the_ring_keeps_the_last_calls_in_order_after_it_wraps():
     for n in range(total):
         _record(group, nbytes=4 * (n + 1))
     rows = [flight.as_row(group, record) for record in flight.records(group)]
-    assert len(rows) == flight.RING
-    assert [row[0] for row in rows] == list(range(total - flight.RING + 1, total + 1))
-    assert [row[2] for row in rows] == [4 * n for n in range(total - flight.RING + 1, total + 1)]
+    kept = flight.RING - 1  # the oldest slot is the next call's, perhaps being written
+    assert len(rows) == kept
+    assert [row[0] for row in rows] == list(range(total - kept + 1, total + 1))
+    assert [row[2] for row in rows] == [4 * n for n in range(total - kept + 1, total + 1)]
+    assert all(row[7].endswith(f"{HERE}:{_line('flight: unit record')}") for row in rows), rows[:2]
     assert flight.head([group])["g9"][0] == total
+    group.flight_callers = None  # the default: no caller per call, and nothing says where it was
+    assert flight.head([group])["g9"][7] == flight.UNKNOWN
 
 
 def test_a_records_state_follows_the_groups_marks():
@@ -245,7 +261,7 @@ def _killed_peer(spec, folder: str) -> int:
     for _ in range(2):
         dist.all_reduce(x)  # flight: before death
     if dist.get_rank() == 1:
-        time.sleep(1.0)  # its head published (every 0.5 s)
+        time.sleep(1.6)  # flight: dies here (its head, and then where it stands, published every 0.5 s)
         os._exit(0)
     try:
         dist.all_reduce(x)
@@ -265,11 +281,11 @@ def test_a_lost_peer_is_named_with_its_last_call(tmp_path):
     assert run_forked(2, "gloo", lambda spec: _killed_peer(spec, str(tmp_path))) == 0
     assert time.monotonic() - started < 19, "the survivor waited for its deadline"
     text = (tmp_path / "error.txt").read_text()
-    before = f"{HERE}:{_line('flight: before death')}"
+    dies = f"{HERE}:{_line('flight: dies here (its head, and then where it stands, published every 0.5 s)')}"
     assert text.startswith(("PeerError", "CommTimeoutError")), text
-    assert re.search(rf"rank 1 (did not arrive: it last called|was in) all_reduce #2 \(completed, 8 B float32, \w+\) "
-                     rf"at \S*{re.escape(before)}\b", text), text
+    assert re.search(rf"rank 1 did not arrive: it last called all_reduce #2 \(completed, 8 B float32, \w+\); "
+                     rf"it is now at \S*{re.escape(dies)}, outside any collective", text), text
     assert (tmp_path / "flight-rank0.json").exists() and not (tmp_path / "flight-rank1.json").exists()
     report = _trace(tmp_path)
     assert "no record from rank(s) [1]" in report and "rank(s) [1] left none" in report, report
-    assert re.search(rf"its failure: .*rank 1 .*all_reduce #2 \(completed.*{re.escape(before)}", report), report
+    assert re.search(rf"its failure: .*rank 1 .*all_reduce #2 \(completed.*{re.escape(dies)}", report), report
