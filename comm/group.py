@@ -311,9 +311,8 @@ class Group:
         if posted is not None:  # in flight: IssuedWork completes it
             return (*posted, start, seconds)
         self._flight_done = tag
-        if call.copy_out:
-            for source, destination in call.copy_out:
-                destination.copy_(source.view(destination.shape))
+        if call.copy_out is not None:
+            call.copy_out()
         return None
 
     def _typed(self, call, error: Exception, deadline: float, seconds: float, start: float,

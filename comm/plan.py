@@ -35,6 +35,7 @@ from .algorithms import ALGORITHM_CHOICES, ALGORITHMS
 from .algorithms.shm import FAST_KINDS, FAST_OPS
 from .errors import InvalidArgumentError
 from .group import WORLD, Group
+from .packing import pack, unpacker
 from .topology import HOST_ENV
 
 _profiling = torch.autograd._profiler_enabled
@@ -68,8 +69,9 @@ class Call(NamedTuple):
     """Seconds for this call's waits; ``None``: the group's timeout."""
     outputs: tuple
     """The tensors the call writes (``Work.result()``)."""
-    copy_out: tuple
-    """``(flat source, destination)`` pairs copied after the run (list outputs)."""
+    copy_out: Optional[Callable[[], None]]
+    """What copies the flat result back into a list form's output items after the run (``packing.unpacker``), or
+    ``None``."""
     nbytes: int
     """S, as nccl-tests defines it for this collective."""
     numel: int
@@ -149,7 +151,7 @@ def _all_gather_fields(plan, tensor_list, tensor, _o, _i):
     if not _items_fit(plan, tensor_list, numel):
         return MISS
     flat = torch.empty(plan.size * numel, dtype=plan.dtype, device=tensor.device)
-    copy_out = tuple(zip(flat.view(plan.size, -1), tensor_list)) if numel else ()
+    copy_out = unpacker(flat, tensor_list)
     flat_in = tensor if tensor.ndim == 1 else tensor.view(-1)
     return (flat, flat_in), flat.nbytes, numel, tuple(tensor_list), copy_out, (tensor,)
 
@@ -158,13 +160,12 @@ def _gather_fields(plan, gather_list, tensor, _o, _i):
     if not _fits(plan, tensor):
         return MISS
     numel = tensor.numel()
-    flat, copy_out, outputs = None, (), ()  # the root alone receives, and copies out into gather_list
+    flat, copy_out, outputs = None, None, ()  # the root alone receives, and copies out into gather_list
     if plan.group.rank == plan.root:
         if not _items_fit(plan, gather_list, numel):
             return MISS
         flat = torch.empty(plan.size * numel, dtype=plan.dtype, device=tensor.device)
-        if numel:
-            copy_out = tuple(zip(flat.view(plan.size, -1), gather_list))
+        copy_out = unpacker(flat, gather_list)
         outputs = tuple(gather_list)
     elif not _no_list(gather_list):
         return MISS
@@ -180,13 +181,12 @@ def _scatter_fields(plan, tensor, scatter_list, _o, _i):
     if plan.group.rank == plan.root:
         if not _items_fit(plan, scatter_list, numel):
             return MISS
-        flat = (torch.cat([item.view(-1) for item in scatter_list]) if numel
-                else torch.empty(0, dtype=plan.dtype, device=tensor.device))
+        flat = pack(scatter_list, plan.dtype, tensor.device)
         inputs = tuple(scatter_list)
     elif not _no_list(scatter_list):
         return MISS
     flat_out = tensor if tensor.ndim == 1 else tensor.view(-1)
-    return (flat_out, flat, plan.root), plan.size * tensor.nbytes, numel, (tensor,), (), inputs
+    return (flat_out, flat, plan.root), plan.size * tensor.nbytes, numel, (tensor,), None, inputs
 
 
 def _reduce_scatter_fields(plan, output, input_list, _o, _i):
@@ -195,20 +195,19 @@ def _reduce_scatter_fields(plan, output, input_list, _o, _i):
     numel = output.numel()
     if not _items_fit(plan, input_list, numel):
         return MISS
-    flat = (torch.cat([item.view(-1) for item in input_list]) if numel
-            else torch.empty(0, dtype=plan.dtype, device=output.device))
+    flat = pack(input_list, plan.dtype, output.device)
     flat_out = output if output.ndim == 1 else output.view(-1)
-    return (flat_out, flat, plan.op), flat.nbytes, numel, (output,), (), tuple(input_list)
+    return (flat_out, flat, plan.op), flat.nbytes, numel, (output,), None, tuple(input_list)
 
 
 def _all_to_all_fields(plan, output_list, input_list, _o, _i):
     if not _items_fit(plan, input_list, -1) or not _items_fit(plan, output_list, -1):
         return MISS
-    flat_in = torch.cat([item.view(-1) for item in input_list])
+    flat_in = pack(input_list, plan.dtype, input_list[0].device)
     out_counts = [item.numel() for item in output_list]
     in_counts = [item.numel() for item in input_list]
     flat_out = torch.empty(sum(out_counts), dtype=plan.dtype, device=flat_in.device)
-    copy_out = tuple(zip(flat_out.split(out_counts), output_list))
+    copy_out = unpacker(flat_out, output_list)
     return (flat_out, flat_in, out_counts, in_counts), flat_in.nbytes, -1, tuple(output_list), copy_out, \
         tuple(input_list)
 
@@ -244,11 +243,11 @@ def _all_to_all_single_fields(plan, output, input, output_splits, input_splits):
     uneven = input_splits is not None or output_splits is not None
     args = (output if output.ndim == 1 else output.view(-1), input if input.ndim == 1 else input.view(-1), out_counts,
             in_counts)
-    return args, input.nbytes, -1 if uneven else input.numel(), (output,), (), (input,)
+    return args, input.nbytes, -1 if uneven else input.numel(), (output,), None, (input,)
 
 
 #: A barrier's fields: no tensor, nothing to copy (``validate.barrier``'s).
-_BARRIER = ((), 0, 0, (), (), ())
+_BARRIER = ((), 0, 0, (), None, ())
 
 
 def _barrier_fields(plan, _a, _b, _o, _i):
@@ -319,7 +318,7 @@ class Plan:
         self.fields = fields
 
     def run(self, output=None, input=None, output_splits=None, input_splits=None, args: Optional[tuple] = None,
-            nbytes: int = 0, numel: int = 0, outputs: tuple = (), copy_out: tuple = (), inputs=None,
+            nbytes: int = 0, numel: int = 0, outputs: tuple = (), copy_out=None, inputs=None,
             options: Optional[dict] = None, record: bool = False):
         """Run one call of this cell; ``None``, or its ``Work`` if the plan is ``async_op``.
 
@@ -383,7 +382,7 @@ class Plan:
             return torch_events.run(call, self.profile_name, outputs if inputs is None else inputs)
         return self.group.run(call)
 
-    def record(self, args: tuple, nbytes: int, numel: int, outputs: tuple, copy_out: tuple = (),
+    def record(self, args: tuple, nbytes: int, numel: int, outputs: tuple, copy_out=None,
                options: Optional[dict] = None) -> Call:
         """The record :meth:`run` would hand to ``Group.run``, for a caller that runs several records under one
         profiler event (the coalesced forms)."""

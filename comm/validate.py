@@ -24,6 +24,7 @@ from .algorithms import ALGORITHM_NAMES, COMPRESSED, sub_algorithm
 from .algorithms.compressed import SUB_COLLECTIVES
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
+from .packing import pack, unpacker
 from .plan import Call, Plan, plan_for, special_plan  # noqa: F401  (Call: the record, re-exported)
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, for_dtype, op_name
 from .sparse import all_reduce_sparse
@@ -220,7 +221,7 @@ def choose_algorithm(collective: str, group: Group, dtype: torch.dtype, op: Opti
 RECORD = object()
 
 
-def _run(plan: Plan, key, args: tuple, nbytes: int, numel: int, outputs: tuple, copy_out: tuple = (), inputs=None,
+def _run(plan: Plan, key, args: tuple, nbytes: int, numel: int, outputs: tuple, copy_out=None, inputs=None,
          options: Optional[dict] = None):
     """Run the call through ``plan`` (or return its record, for ``key`` :data:`RECORD`); keep ``plan`` under the
     public function's ``key`` when the call is one its quick test admits as it is (not a complex tensor, which
@@ -323,7 +324,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algorit
     plan = plan_for(g, "all_gather", input_tensor.dtype, None, -1, algorithm, async_op, None, what,
                                "all_gather_into_tensor")
     return _run(plan, key, (_flat(output_tensor), _flat(input_tensor)), output_tensor.nbytes, input_tensor.numel(),
-                    (output_tensor,), (), (input_tensor,))
+                    (output_tensor,), None, (input_tensor,))
 
 
 def all_gather(tensor_list, tensor, group, async_op, algorithm, key=None):
@@ -336,7 +337,7 @@ def all_gather(tensor_list, tensor, group, async_op, algorithm, key=None):
         check_numel(item, tensor.numel(), f"tensor_list[{index}]", "all_gather", g)
         check_writable(item, f"tensor_list[{index}]", "all_gather", g)
     flat = torch.empty(g.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-    copy_out = tuple(zip(flat.view(g.size(), -1), tensor_list)) if tensor.numel() else ()
+    copy_out = unpacker(flat, tensor_list)
     plan = plan_for(g, "all_gather", tensor.dtype, None, -1, algorithm, async_op, None, "all_gather", "all_gather")
     return _run(plan, key, (flat, _flat(tensor)), flat.nbytes, tensor.numel(), tuple(tensor_list), copy_out, (tensor,))
 
@@ -347,7 +348,7 @@ def gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm, key=
     dst = 0 if dst is None and group_dst is None else dst
     root = group_rank_of(g, dst, group_dst, "dst", "gather")
     check_tensor(tensor, "tensor", "gather", g)
-    flat, copy_out = None, ()  # the root alone receives, and copies out into gather_list
+    flat, copy_out = None, None  # the root alone receives, and copies out into gather_list
     if g.rank == root:
         check_list_length(gather_list, g.size(), "gather_list", "gather", g)
         check_same_dtype(gather_list, tensor.dtype, "gather", g)
@@ -355,8 +356,7 @@ def gather(tensor, gather_list, dst, group, async_op, group_dst, algorithm, key=
             check_numel(item, tensor.numel(), f"gather_list[{index}]", "gather", g)
             check_writable(item, f"gather_list[{index}]", "gather", g)
         flat = torch.empty(g.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-        if tensor.numel():
-            copy_out = tuple(zip(flat.view(g.size(), -1), gather_list))
+        copy_out = unpacker(flat, gather_list)
     elif gather_list:
         raise InvalidArgumentError(f"rank {g.my_global_rank}: gather: gather_list must be given only on the "
                                    f"destination rank {g.ranks[root]}")
@@ -377,13 +377,12 @@ def scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm, ke
         check_same_dtype(scatter_list, tensor.dtype, "scatter", g)
         for index, item in enumerate(scatter_list):
             check_numel(item, tensor.numel(), f"scatter_list[{index}]", "scatter", g)
-        flat = (torch.cat([item.reshape(-1) for item in scatter_list]) if tensor.numel()
-                else torch.empty(0, dtype=tensor.dtype, device=tensor.device))
+        flat = pack(scatter_list, tensor.dtype, tensor.device)
     elif scatter_list:
         raise InvalidArgumentError(f"rank {g.my_global_rank}: scatter: scatter_list must be given only on the "
                                    f"source rank {g.ranks[root]}")
     plan = plan_for(g, "scatter", tensor.dtype, None, root, algorithm, async_op, None, "scatter", "scatter")
-    return _run(plan, key, (_flat(tensor), flat, root), g.size() * tensor.nbytes, tensor.numel(), (tensor,), (),
+    return _run(plan, key, (_flat(tensor), flat, root), g.size() * tensor.nbytes, tensor.numel(), (tensor,), None,
                     tuple(scatter_list or ()))
 
 
@@ -395,7 +394,7 @@ def reduce_scatter_tensor(output, input, op, group, async_op, algorithm, key=Non
     check_numel(input, g.size() * output.numel(), "input", what, g)
     plan = plan_for(g, "reduce_scatter", input.dtype, name, -1, algorithm, async_op, None, what,
                                "reduce_scatter_tensor")
-    return _run(plan, key, (_flat(output), _flat(input), name), input.nbytes, output.numel(), (output,), (), (input,))
+    return _run(plan, key, (_flat(output), _flat(input), name), input.nbytes, output.numel(), (output,), None, (input,))
 
 
 def reduce_scatter(output, input_list, op, group, async_op, algorithm, key=None):
@@ -407,11 +406,10 @@ def reduce_scatter(output, input_list, op, group, async_op, algorithm, key=None)
     check_same_dtype(input_list, output.dtype, "reduce_scatter", g)
     for index, item in enumerate(input_list):
         check_numel(item, output.numel(), f"input_list[{index}]", "reduce_scatter", g)
-    flat = (torch.cat([item.reshape(-1) for item in input_list]) if output.numel()
-            else torch.empty(0, dtype=output.dtype, device=output.device))
+    flat = pack(input_list, output.dtype, output.device)
     plan = plan_for(g, "reduce_scatter", output.dtype, name, -1, algorithm, async_op, None, "reduce_scatter",
                     "reduce_scatter")
-    return _run(plan, key, (_flat(output), flat, name), flat.nbytes, output.numel(), (output,), (), tuple(input_list))
+    return _run(plan, key, (_flat(output), flat, name), flat.nbytes, output.numel(), (output,), None, tuple(input_list))
 
 
 def _split_counts(tensor: torch.Tensor, splits, what: str, g: Group) -> List[int]:
@@ -443,7 +441,7 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, grou
                     what)
     # Even splits: every rank's input has as many elements, so the mismatch check compares them (uneven: -1, per rank).
     return _run(plan, key, (_flat(output), _flat(input), out_counts, in_counts), input.nbytes,
-                -1 if uneven else input.numel(), (output,), (), (input,))
+                -1 if uneven else input.numel(), (output,), None, (input,))
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm, key=None):
@@ -456,11 +454,11 @@ def all_to_all(output_tensor_list, input_tensor_list, group, async_op, algorithm
         check_tensor(item, f"tensor {index}", "all_to_all", g, packed=True)
     dtype = input_tensor_list[0].dtype
     check_same_dtype(list(input_tensor_list) + list(output_tensor_list), dtype, "all_to_all", g)
-    flat_in = torch.cat([item.reshape(-1) for item in input_tensor_list])
+    flat_in = pack(input_tensor_list, dtype, input_tensor_list[0].device)
     out_counts = [item.numel() for item in output_tensor_list]
     in_counts = [item.numel() for item in input_tensor_list]
     flat_out = torch.empty(sum(out_counts), dtype=dtype, device=flat_in.device)
-    copy_out = tuple(zip(flat_out.split(out_counts), output_tensor_list))
+    copy_out = unpacker(flat_out, output_tensor_list)
     plan = plan_for(g, "all_to_all", dtype, None, -1, algorithm, async_op, None, "all_to_all", "all_to_all", True)
     return _run(plan, key, (flat_out, flat_in, out_counts, in_counts), flat_in.nbytes, -1, tuple(output_tensor_list), copy_out,
                     tuple(input_tensor_list))
@@ -470,4 +468,4 @@ def barrier(group, async_op, timeout, algorithm, key=None):
     g = resolve_group(group, "barrier")
     plan = plan_for(g, "barrier", torch.uint8, None, -1, algorithm, async_op, _timeout(timeout, "barrier"), "barrier",
                     "barrier")
-    return _run(plan, key, (), 0, 0, (), (), ())
+    return _run(plan, key, (), 0, 0, (), None, ())

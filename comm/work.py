@@ -142,9 +142,9 @@ class IssuedWork(Work):
         #: A stream-ordered request (NCCL) with nothing to run after it: ``wait`` is the request's own wait (its
         #: torch ``Work``'s, where it has one: no frame of ours between), else ``None``.
         self._direct = None
-        if request is not None and request.STREAM_ORDERED and after is None and not call.copy_out:
+        if request is not None and request.STREAM_ORDERED and after is None and call.copy_out is None:
             self._direct = request if request.stream_work is None else request.stream_work
-        if request is None and (after is not None or call.copy_out):
+        if request is None and (after is not None or call.copy_out is not None):
             self._finish()
 
     @property
@@ -178,9 +178,8 @@ class IssuedWork(Work):
     def _finish(self) -> None:
         if self._after is not None and self._error is None:
             self._after()
-        if self._call.copy_out and self._error is None:
-            for source, destination in self._call.copy_out:
-                destination.copy_(source.view(destination.shape))
+        if self._call.copy_out is not None and self._error is None:
+            self._call.copy_out()
         self._done = True
         future = self._future
         if future is not None:
@@ -219,7 +218,7 @@ class IssuedWork(Work):
             while not self._done:
                 time.sleep(0)
             return
-        if failure is None and self._after is None and not self._call.copy_out:
+        if failure is None and self._after is None and self._call.copy_out is None:
             self._done = True  # the common case, without a further call (done first: see _watch)
             if self._future is not None:
                 self._resolve(self._future)

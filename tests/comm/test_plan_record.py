@@ -31,7 +31,7 @@ def _expected(plan: Plan, row: Row, **per_call) -> Call:
     return Call(collective=plan.collective, group=plan.group, op=plan.op, root=plan.root, algorithm=row.algorithm,
                 function=row.function, async_op=plan.async_op, timeout=plan.timeout, dtype=plan.dtype,
                 checker=row.checker, check=row.check, ride=row.ride, issue=row.issue,
-                **{"options": None, "copy_out": (), **per_call})
+                **{"options": None, "copy_out": None, **per_call})
 
 
 def test_the_record_lists_calls_fields_in_order():
