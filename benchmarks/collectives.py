@@ -25,7 +25,7 @@ import torch
 
 from . import reference
 from .target import algorithm_kwargs, unsupported_errors
-from .units import COLLECTIVES, Layout, algbw_gbps, busbw_gbps, op_layout
+from .units import COLLECTIVES, SIZELESS, Layout, algbw_gbps, busbw_gbps, op_layout
 
 TORCH_DTYPES = {
     "float32": torch.float32,
@@ -70,9 +70,10 @@ class SweepConfig:
     place, as in torch; the other collectives have no in-place form."""
 
     def __post_init__(self) -> None:
-        unknown = [c for c in self.collectives if c not in COLLECTIVES]
+        unknown = [c for c in self.collectives if c not in COLLECTIVES + SIZELESS]
         if unknown or not self.collectives:
-            raise ValueError(f"collectives {list(self.collectives)} must be a non-empty subset of {list(COLLECTIVES)}")
+            raise ValueError(f"collectives {list(self.collectives)} must be a non-empty subset of "
+                             f"{list(COLLECTIVES + SIZELESS)}")
         if not self.algorithms or len(set(self.algorithms)) != len(self.algorithms):
             raise ValueError(f"algorithms {list(self.algorithms)} must be non-empty and distinct")
         if not self.sizes or min(self.sizes) < 1:
@@ -184,6 +185,8 @@ def _build_case(dist: ModuleType, collective: str, layout: Layout, rank: int, n:
     elif collective == "all_to_all":
         inp, out = source(rank), empty(n * chunk)
         case = _Case(lambda: dist.all_to_all_single(out, inp, **kw), out)
+    elif collective == "barrier":
+        case = _Case(lambda: dist.barrier(**kw), None)
     else:
         raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
     if cfg.check and case.result is not None:

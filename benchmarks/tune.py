@@ -39,6 +39,8 @@ import sys
 import tempfile
 from typing import Dict, List
 
+from .units import COLLECTIVES, SIZELESS
+
 #: An algorithm must take at most this fraction of native's time to be chosen over it.
 MARGIN = 0.9
 ALGORITHMS = ("native", "ring", "tree", "recursive_doubling", "shm")
@@ -50,11 +52,12 @@ PACKAGE_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 
 def measure(backend: str, nprocs: int, sizes: str, factor: int, iters: int,
             algorithms=ALGORITHMS) -> List[dict]:
-    """Rows of one benchmark run (every collective, every algorithm)."""
+    """Rows of one benchmark run (every collective and barrier, every algorithm)."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "rows.json")
         command = [sys.executable, "-m", "zerocomm.benchmarks", "collectives", "--backend", backend,
-                   "--nprocs", str(nprocs), "--algorithms", ",".join(algorithms), "--sizes", sizes,
+                   "--nprocs", str(nprocs), "--ops", ",".join(COLLECTIVES + SIZELESS),
+                   "--algorithms", ",".join(algorithms), "--sizes", sizes,
                    "--factor", str(factor), "--iters", str(iters), "--json", path, "--no-progress"]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         with open(path) as handle:

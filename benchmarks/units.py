@@ -29,6 +29,10 @@ COLLECTIVES = (
     "all_to_all",
 )
 
+#: Collectives that move no data, measured once at S = 0 when asked for (``--ops barrier``; ``tune`` measures
+#: it for the auto table), not among the eight a sweep runs by default.
+SIZELESS = ("barrier",)
+
 #: torch.distributed's names of the tensor forms the benchmark calls, accepted as aliases.
 ALIASES = {
     "all_gather_into_tensor": "all_gather",
@@ -63,8 +67,8 @@ def canonical_collective(name: str) -> str:
     """
     key = name.strip().lower()
     key = ALIASES.get(key, key)
-    if key not in COLLECTIVES:
-        raise ValueError(f"unknown collective {name!r}; expected one of {', '.join(COLLECTIVES)}")
+    if key not in COLLECTIVES and key not in SIZELESS:
+        raise ValueError(f"unknown collective {name!r}; expected one of {', '.join(COLLECTIVES + SIZELESS)}")
     return key
 
 
@@ -143,6 +147,8 @@ def op_layout(collective: str, size_bytes: int, n: int, itemsize: int) -> Layout
     element per rank, so a tiny S still moves data and the row says the S really used.
     """
     collective = canonical_collective(collective)
+    if collective in SIZELESS:  # whatever S was asked for: there is no buffer
+        return Layout(chunk=0, elements=0, nbytes=0)
     if n < 1 or itemsize < 1 or size_bytes < 1:
         raise ValueError(f"op_layout needs n >= 1, itemsize >= 1 and size_bytes >= 1; "
                          f"got n={n}, itemsize={itemsize}, size_bytes={size_bytes}")

@@ -44,3 +44,18 @@ def test_committed_table_is_well_formed():
             assert rows and all(len(row) == 3 for row in rows), collective
             assert rows[-1][0] == tune.UNBOUNDED and rows[-1][1] == tune.UNBOUNDED, (backend, collective)
             assert all(row[2] in tune.ALGORITHMS for row in rows)
+
+
+def test_barrier_is_measured_once_and_becomes_one_row_per_world():
+    """tune's sweep asks for barrier too (S = 0 whatever the sizes): its winner covers every size."""
+    from zerocomm.benchmarks.collectives import SweepConfig, sweep_plan
+    from zerocomm.benchmarks.units import op_layout
+    assert op_layout("barrier", 4096, 3, 4).nbytes == 0
+    plan = sweep_plan(SweepConfig(collectives=("all_reduce", "barrier"), sizes=(8, 64, 512)), 2)
+    assert [c for c, _ in plan].count("barrier") == 1
+    rows = [{"collective": "barrier", "size": 0, "algorithm": alg, "time_us": t}
+            for alg, t in {"native": 100.0, "tree": 300.0, "shm": 5.0}.items()]
+    assert tune.winners(rows)["barrier"] == [(0, "shm")]
+    assert tune.table_rows({4: tune.winners(rows)})["barrier"] == [[tune.UNBOUNDED, tune.UNBOUNDED, "shm"]]
+    kept = tune.winners(rows, lambda collective, size: "native", ("shm",))  # --add shm beside the table's pick
+    assert kept["barrier"] == [(0, "shm")]
