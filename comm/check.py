@@ -39,6 +39,16 @@ The checkers, one per place a group's ranks can meet:
 * :meth:`~MismatchCheck.through_backend` -- any other group: the stage, reduced by ``Backend.reduce_stage``.
 * :meth:`~MismatchCheck.full` -- debug: the whole fingerprints, all-gathered on every call.
 
+[Note: split sizes]  An all_to_all whose ranks' splits may differ (``all_to_all_single`` with split sizes, the
+list form) has no element count that every rank shares: what must agree is each pair's, rank ``r`` sending ``p``
+as many elements as ``p`` expects from ``r``.  Its checker (:meth:`~MismatchCheck.with_splits`) adds one integer
+per rank, its *balance* ``b_r = sum_p w(r, p) * sent_r[p] - w(p, r) * expected_r[p]`` modulo the prime
+:data:`SPLITS_PRIME` (``w``: fixed pseudo-random weights of the pair): summed over the ranks, the balances are 0
+modulo the prime where every pair agrees, and otherwise are not, but for odds of one in the prime.  The sum rides
+in the stage (its first payload element) where the check reduces one; in a segment group it takes one small
+SUM round of its own, after the digests.  Where it is not 0, every rank all-gathers the splits and raises
+``CollectiveMismatchError`` naming the first pair that disagrees, before any byte of the call moves.
+
 [Note: one place per group]  Where "shm" calls can run, every call of the group checks in the
 segment, whatever its algorithm: a call checked through the backend could not meet a peer that
 made an "shm" call in its place, and both would wait out the deadline.  Across hosts no call runs
@@ -59,6 +69,7 @@ import torch
 from . import shm
 from .algorithms import ALGORITHM_NAMES, COLLECTIVES
 from .algorithms.hierarchical import all_reduce_hierarchical, host_communicator
+from .algorithms.shm import all_reduce_shm
 from .algorithms.tree import all_reduce_recursive_doubling
 from .errors import CollectiveMismatchError, UnsupportedError
 from .reduce_op import SUPPORTED_DTYPES
@@ -133,6 +144,22 @@ def stage_agrees(reduced: list, header: tuple, n: int) -> bool:
             and reduced[6] == n * header[6] and reduced[7] == n * header[7])
 
 
+#: The split sizes' balances are summed modulo this prime (see [Note: split sizes]).
+SPLITS_PRIME = (1 << 31) - 1
+
+
+def split_weight(sender: int, receiver: int, n: int) -> int:
+    """The weight of the pair ``(sender, receiver)`` of group ranks in a group of ``n``: in ``[1, SPLITS_PRIME)``."""
+    return _mix64(sender * n + receiver + 1) % (SPLITS_PRIME - 1) + 1
+
+
+def split_balance(weights: tuple, out_counts, in_counts) -> int:
+    """This rank's balance (see [Note: split sizes]) of ``in_counts`` (elements sent to each rank) and ``out_counts``
+    (expected from each); ``weights``: ``(w(rank, p) for p, w(p, rank) for p)``."""
+    sent, expected = weights
+    return (sum(map(int.__mul__, sent, in_counts)) - sum(map(int.__mul__, expected, out_counts))) % SPLITS_PRIME
+
+
 #: The largest all_reduce (bytes) that rides in the segment's check round instead of running on the backend.
 RIDE_BYTES = 4096
 
@@ -179,6 +206,8 @@ class MismatchCheck:
         #: The stage (host memory; see [Note: the stage]), made once: a call allocates nothing.
         self.stage = torch.zeros(STAGE, dtype=torch.float64)
         self._words = self.stage.numpy()
+        self._balance = torch.zeros(1, dtype=torch.int64)  # a segment group's split-size round (with_splits)
+        self._split_weights: Optional[tuple] = None
         # Each checker bound once (an attribute read then returns the same object): plans compare them by identity.
         for name in ("in_segment", "in_first_sync", "across_hosts", "through_backend", "full"):
             setattr(self, name, getattr(self, name))
@@ -198,6 +227,56 @@ class MismatchCheck:
         if local.one_host is False and not local.no_segment and group.on_cpu:
             return self.across_hosts
         return self.through_backend
+
+    def with_splits(self, checker: Checker) -> Checker:
+        """``checker``, and the agreement of the ranks' split sizes (see [Note: split sizes]): the checker of an
+        all_to_all whose splits may differ between ranks."""
+        def checked(call, tag: int, deadline: Optional[float]) -> bool:
+            return self._splits_agree(checker, call, tag, deadline)
+        return checked
+
+    def _splits_agree(self, checker: Checker, call, tag: int, deadline: Optional[float]) -> bool:
+        weights = self._split_weights
+        if weights is None:
+            n, r = self.group.size(), self.group.rank
+            weights = self._split_weights = (tuple(split_weight(r, p, n) for p in range(n)),
+                                             tuple(split_weight(p, r, n) for p in range(n)))
+        balance = split_balance(weights, call.args[2], call.args[3])
+        if checker == self.through_backend or checker == self.across_hosts:
+            return checker(call, tag, deadline, balance=balance)
+        checker(call, tag, deadline)
+        if checker == self.full:  # debug: the splits themselves, every call
+            self.name_splits(call, deadline)
+            return False
+        self._balance[0] = balance  # a segment group: one small SUM round, after the digests compared
+        try:
+            all_reduce_shm(self.group.communicator, self._balance, "sum", tag=tag, deadline=deadline, segment_bytes=0)
+        except TimeoutError as error:
+            raise _reached(call, tag, error) from None
+        if int(self._balance[0]) % SPLITS_PRIME:
+            self.name_splits(call, deadline)
+        return False
+
+    def name_splits(self, call, deadline: Optional[float]) -> None:
+        """All-gather every rank's split sizes over the group's backend; raise ``CollectiveMismatchError`` naming the
+        first pair of ranks that disagree (a rank sending another more or fewer elements than it expects).  Every
+        rank of the group calls it."""
+        group = self.group
+        backend = group.communicator
+        n = backend.size
+        out_counts, in_counts = call.args[2], call.args[3]
+        row = torch.tensor(list(in_counts) + list(out_counts), dtype=torch.int64, device=group.device_type)
+        everyone = torch.empty(n * row.numel(), dtype=row.dtype, device=row.device)
+        backend.NATIVE["all_gather"](backend, everyone, row, tag=0, deadline=deadline, segment_bytes=0)
+        rows = everyone.view(n, -1).tolist()
+        for sender in range(n):
+            for receiver in range(n):
+                sent, expected = rows[sender][receiver], rows[receiver][n + sender]
+                if sent != expected:
+                    raise CollectiveMismatchError(
+                        f"rank {group.my_global_rank}: {call.collective} on {group.describe()}: the ranks' split "
+                        f"sizes disagree: rank {group.ranks[sender]} sends {sent} elements to rank "
+                        f"{group.ranks[receiver]}, which expects {expected} from it")
 
     def rides_in_segment(self, checker: Optional[Checker]) -> bool:
         """Whether ``checker`` meets in the segment round, where a small all_reduce can ride (``plan.py``)."""
@@ -261,27 +340,28 @@ class MismatchCheck:
             arena.settle(deadline)
 
     # -- the stage: across hosts, or through the backend ----------------------------------------------
-    def across_hosts(self, call, tag: int, deadline: Optional[float]) -> bool:
+    def across_hosts(self, call, tag: int, deadline: Optional[float], balance: Optional[int] = None) -> bool:
         """The stage, reduced by the hierarchical algorithm: inside each host through its segment, across hosts
         once among one rank per host."""
         t = self.group.communicator
         try:
             if not t.local.host_segments and not _hosts_share_segments(t, tag, deadline):
                 self.group.forget_plans()  # every rank alike: from now on the group checks through the backend
-                return self.through_backend(call, tag, deadline)
+                return self.through_backend(call, tag, deadline, balance=balance)
         except TimeoutError as error:
             raise _reached(call, tag, error) from None
-        return self.through_backend(call, tag, deadline, self._reduce_across_hosts)
+        return self.through_backend(call, tag, deadline, self._reduce_across_hosts, balance)
 
     def _reduce_across_hosts(self, stage: torch.Tensor, *, tag: int, deadline: Optional[float]) -> None:
         all_reduce_hierarchical(self.group.communicator, stage, "sum", tag=tag, deadline=deadline, segment_bytes=0)
 
-    def through_backend(self, call, tag: int, deadline: Optional[float], reduce: Optional[Callable[..., None]] = None
-                        ) -> bool:
+    def through_backend(self, call, tag: int, deadline: Optional[float], reduce: Optional[Callable[..., None]] = None,
+                        balance: Optional[int] = None) -> bool:
         """The digests meet in the stage (see [Note: the stage]), SUM-reduced by ``reduce(stage, tag=, deadline=)``:
         the backend's own primitive (``Backend.reduce_stage``) unless another is given (``across_hosts``'s).  A small
         SUM/AVG all_reduce of floats by "native" or "hierarchical" rides in it and is done, where the backend's
-        tensors live beside the stage (``Backend.STAGE_RIDES``)."""
+        tensors live beside the stage (``Backend.STAGE_RIDES``).  ``balance``: the call's split sizes' (see
+        [Note: split sizes]), in the payload's first element."""
         header = stage_header(digest(tag, call.numel, call.check[0]))
         words = self._words
         words[:STAGE_HEADER] = header
@@ -291,6 +371,8 @@ class MismatchCheck:
                  and self.group.backend_type.STAGE_RIDES)
         if rides:
             self.stage[STAGE_HEADER:STAGE_HEADER + numel] = call.args[0]
+        elif balance is not None:
+            words[STAGE_HEADER] = balance
         try:
             (self.group.communicator.reduce_stage if reduce is None else reduce)(self.stage, tag=tag, deadline=deadline)
         except TimeoutError as error:
@@ -299,6 +381,8 @@ class MismatchCheck:
         if not stage_agrees(words[:STAGE_HEADER].tolist(), header, n):
             self.name_mismatch(_fingerprint(call, tag), deadline)  # raises, or the digests collided: the call runs
             return False
+        if balance is not None and int(words[STAGE_HEADER]) % SPLITS_PRIME:
+            self.name_splits(call, deadline)
         if rides:
             reduced = self.stage[STAGE_HEADER:STAGE_HEADER + numel]
             call.args[0].copy_(reduced / n if call.op == "avg" else reduced)

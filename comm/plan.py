@@ -402,8 +402,8 @@ def plan_for(group: Group, collective: str, dtype: torch.dtype, op: Optional[str
     plan = group.plans.get(key)
     if plan is None:
         plan = group.plans[key] = Plan(group, collective, dtype, op, root, async_op, timeout,
-                                       _rows(group, collective, dtype, op, root, requested, what), profile_name,
-                                       any_size, form)
+                                       _rows(group, collective, dtype, op, root, requested, what, any_size),
+                                       profile_name, any_size, form)
     return plan
 
 
@@ -430,7 +430,7 @@ def special_plan(group: Group, collective: str, dtype: torch.dtype, op: Optional
 
 
 def _rows(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], root: int,
-          requested: Optional[str], what: str) -> tuple:
+          requested: Optional[str], what: str, any_size: bool = False) -> tuple:
     config = WORLD.config
     choice = config.algorithm if requested is None else requested
     if choice not in ALGORITHM_CHOICES:
@@ -454,6 +454,8 @@ def _rows(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], 
                     else ALGORITHMS[(collective, algorithm)])
         cell = check.fingerprint_cell(collective, op, dtype, root, algorithm)
         checker = check.checker_for(group, algorithm, config)
+        if any_size and checker is not None:  # an all_to_all whose ranks' splits may differ: they must agree
+            checker = group.check.with_splits(checker)
         ride = None
         if group.check.rides_in_segment(checker) and collective == "all_reduce" \
                 and group.on_cpu and dtype in FAST_KINDS and op in FAST_OPS \
