@@ -180,8 +180,9 @@ def _scatter_fields(plan, tensor, scatter_list, _o, _i):
     if plan.group.rank == plan.root:
         if not _items_fit(plan, scatter_list, numel):
             return MISS
-        flat = (torch.cat([item.view(-1) for item in scatter_list]) if numel
-                else torch.empty(0, dtype=plan.dtype, device=tensor.device))
+        # The chunks as they lie, not joined: shared memory and gloo's own scatter read each where it is (a join
+        # would copy the root's whole input once more); an algorithm that sends one buffer joins them itself.
+        flat = tuple(item if item.ndim == 1 else item.view(-1) for item in scatter_list)
         inputs = tuple(scatter_list)
     elif not _no_list(scatter_list):
         return MISS

@@ -377,8 +377,7 @@ def scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm, ke
         check_same_dtype(scatter_list, tensor.dtype, "scatter", g)
         for index, item in enumerate(scatter_list):
             check_numel(item, tensor.numel(), f"scatter_list[{index}]", "scatter", g)
-        flat = (torch.cat([item.reshape(-1) for item in scatter_list]) if tensor.numel()
-                else torch.empty(0, dtype=tensor.dtype, device=tensor.device))
+        flat = tuple(item.reshape(-1) for item in scatter_list)  # the chunks, not joined: see plan._scatter_fields
     elif scatter_list:
         raise InvalidArgumentError(f"rank {g.my_global_rank}: scatter: scatter_list must be given only on the "
                                    f"source rank {g.ranks[root]}")

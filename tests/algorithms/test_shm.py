@@ -110,6 +110,38 @@ def test_data_movement_every_world_size(n):
     checks.check_barrier(fn("barrier"), n)
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_large_movement_in_full_buffer_pieces(n):
+    """Messages larger than a round's buffer, so that the pieces are the largest a round takes (a lone writer's
+    part of all ``n`` slots: broadcast, scatter; a peer's part of a slot: all_to_all) and the last one is short;
+    every root, scatter from a flat tensor and from the list form's chunks, segments of 0 (no limit), the default
+    and an odd size; bit for bit against the inputs."""
+    buffer = n * shm.SLOT_BYTES
+    m = buffer // 4 + 1000 + n  # float32 elements a rank receives: more than a buffer's bytes, not a round multiple
+    for segment in (0, 4 << 20, 1 << 20 | 24):
+        for root in {0, n - 1}:
+            def body(t):
+                r, kw = t.rank, dict(tag=7, deadline=checks.deadline(), segment_bytes=segment)
+                x = _random_bytes(root, 1, m, torch.float32) if r == root else torch.zeros(m)
+                fn("broadcast")(t, x, root, **kw)
+                whole = _random_bytes(root, 2, n * m, torch.float32) if r == root else None
+                flat_part, list_part = torch.zeros(m), torch.zeros(m)
+                fn("scatter")(t, flat_part, whole, root, **kw)
+                fn("scatter")(t, list_part, tuple(whole.chunk(n)) if r == root else None, root, **kw)
+                return x, flat_part, list_part
+
+            whole = _random_bytes(root, 2, n * m, torch.float32)
+            for r, (x, flat_part, list_part) in enumerate(run_ranks(n, body, timeout_s=60)):
+                what = f"n={n} m={m} root={root} segment={segment}: rank {r}"
+                _same_bits(x, _random_bytes(root, 1, m, torch.float32), f"broadcast {what}")
+                _same_bits(flat_part, whole[r * m:(r + 1) * m], f"scatter {what}")
+                _same_bits(list_part, whole[r * m:(r + 1) * m], f"scatter from chunks {what}")
+        block = shm.SLOT_BYTES // 4 + 333  # elements: a block is more than a slot, in several pieces
+        for counts in ([[block] * n for _ in range(n)],
+                       [[(block * (1 + (i + j) % 3)) // 2 + i for j in range(n)] for i in range(n)]):
+            checks.check_all_to_all(fn("all_to_all"), counts, torch.float32, segment)
+
+
 def _random_bytes(rank: int, salt: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """``numel`` elements of ``dtype`` made of random bytes (NaN payloads, subnormals, -0.0: every bit pattern a copy
     must keep); bool gets 0/1 bytes, the only ones it holds."""
@@ -204,21 +236,22 @@ def test_small_reduce_and_barrier_both_ways(n, path, monkeypatch):
 
 
 def test_move_rounds_refuse_copies_outside_a_slot():
-    """A MOVE round whose copy would leave a slot raises ``ValueError`` before any byte moves: in Python
+    """A MOVE round whose copy would leave the round's slots raises ``ValueError`` before any byte moves: in Python
     (``Arena.move_round``) and in C (``_shmfast``'s own check, for callers of ``combine``)."""
     def body(t):
         a = shm.arena(t, tag=1, deadline=checks.deadline())
         step, round_ = a.rounds.step, a.rounds.round
         x = torch.zeros(4, dtype=torch.uint8)
         refusals = []
-        for ins, outs in ((((x.data_ptr(), a.slot_bytes - 2, 4),), ()), ((), ((x.data_ptr(), 0, a.slot_bytes, 1),)),
-                          ((), ((x.data_ptr(), t.size, 0, 4),))):
-            with pytest.raises(ValueError, match="slot"):
+        end = a.buffer_bytes
+        for ins, outs in ((((x.data_ptr(), end - 2, 4),), ()), ((), ((x.data_ptr(), end, 1),)),
+                          ((), ((x.data_ptr(), -1, 4),))):
+            with pytest.raises(ValueError, match="slots"):
                 a.move_round(ins, outs, checks.deadline(), "test")
             refusals.append((a.rounds.step, a.rounds.round) == (step, round_))  # nothing arrived, no round used
         if shm._shmfast is not None:
             from array import array
-            words = array("q", (0, 1, x.data_ptr(), t.size, 0, 4))
+            words = array("q", (0, 1, x.data_ptr(), end - 2, 4))
             with pytest.raises(ValueError, match="slots"):
                 shm._shmfast.combine(a._base, shm.LINE, a.n, a.rank, a._buffers, a.slot_bytes, 0,
                                      words.buffer_info()[0], 0, 4, 9, -1, 0)
