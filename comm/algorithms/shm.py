@@ -33,12 +33,11 @@ reduce_scatter: round ``k`` copies piece ``k`` of every other rank's chunk in; s
 broadcast / scatter / all_gather / gather / all_to_all: writers copy piece ``k`` into the round's buffer; sync;
   readers copy it out.  One sync a round, and each round one call (``Arena.move_round``: the C op MOVE where
   ``_shmfast`` is built, else the same copies around ``Arena.sync``), so a call that fits one piece is one round.
-  Where one rank alone writes (broadcast's and scatter's root) every slot of the round is its room: a piece is the
-  whole buffer (``n`` slots; scatter: its ``1/(n-1)`` per destination), so a large call takes few rounds (each a
-  sync, and under load a sync that sleeps costs a wake-up); else each rank writes its own slot (all_to_all: in
-  ``n - 1`` parts, one per peer).  Each byte is copied once in and once out; the root's own chunk, and a rank's
-  block to itself, is one local copy.  A small reduce is a small all_reduce's round whose non-root ranks only copy
-  in (a MOVE round too).
+  Where one rank alone writes (broadcast's and scatter's root) every slot of the round is its room (up to
+  ``LONE_PIECE_BYTES`` per destination); else each rank writes its own slot (all_to_all: in ``n - 1`` parts, one
+  per peer, all ranks' together at most ``ROUND_BYTES``: pieces that stay in cache between copy-in and copy-out).
+  Each byte is copied once in and once out; the root's own chunk, and a rank's block to itself, is one local copy.
+  A small reduce is a small all_reduce's round whose non-root ranks only copy in (a MOVE round too).
 barrier: one sync.
 """
 from __future__ import annotations
@@ -66,6 +65,16 @@ DIRECT_BYTES = 256 << 10
 #: combining it: small enough to stay in cache between the read and the combine, large enough that the
 #: calls' overhead stays small (1 MiB measured best of 256 KiB-2 MiB at 16 MiB, 2 ranks on 2 cores).
 BLOCK_BYTES = 1 << 20
+#: Most bytes a lone writer (broadcast's, scatter's root) puts into one round for each destination.  A round's copy-out
+#: by the peers overlaps the root's copy-in of the next, so a large call wants several rounds; each costs a sync.
+#: Measured on 2 cores at 16 MiB (load 2-3): 1 MiB per destination ran a 2-rank scatter in 0.85-1.4 ms against
+#: 1.4-1.9 ms at 4 MiB; broadcast alike within the noise at 2 and 4 ranks.
+LONE_PIECE_BYTES = 1 << 20
+#: Most bytes all ranks together put into one round's buffer where each writes its own slot (all_to_all): the three
+#: buffers in use then stay in the last-level cache beside the tensors' own streams, so the copy out of a slot reads
+#: cache, not memory.  Measured: a 16 MiB all_to_all at 4 ranks on 2 cores took 5.2-6.3 ms with 256-341 KiB per
+#: block and round against 7.3-8.3 ms with a slot's third (682 KiB); at 2 ranks this is a whole slot.
+ROUND_BYTES = 4 << 20
 
 
 def _piece_bytes(a: shm.Arena, segment_bytes: int) -> int:
@@ -73,11 +82,11 @@ def _piece_bytes(a: shm.Arena, segment_bytes: int) -> int:
     return a.slot_bytes if segment_bytes <= 0 else min(segment_bytes, a.slot_bytes)
 
 
-def _share(a: shm.Arena, segment_bytes: int, room: int, ways: int) -> int:
+def _share(a: shm.Arena, segment_bytes: int, room: int, ways: int, most: int) -> int:
     """Bytes a round moves to each of ``ways`` destinations that share ``room`` bytes of the round's buffer (a MOVE
-    round's: a slot, or all ``n`` slots where one rank alone writes): an equal part of the room, at most
-    ``segment_bytes`` (0: no limit), rounded down to a cache line where it is larger (no two parts share one)."""
-    share = room // max(1, ways)
+    round's: a slot, or all ``n`` slots where one rank alone writes): an equal part of the room, at most ``most``
+    and ``segment_bytes`` (0: no limit), rounded down to a cache line where it is larger (no two parts share one)."""
+    share = min(room // max(1, ways), most)
     if segment_bytes > 0:
         share = min(share, segment_bytes)
     return max(1, share - share % shm.ALIGN if share >= shm.ALIGN else share)
@@ -476,7 +485,7 @@ def broadcast_shm(t: Transport, tensor: torch.Tensor, root: int, *, tag: int, de
     a = shm.arena(t, tag=tag, deadline=deadline)
     r, what = t.rank, f"broadcast (tag {tag})"
     nbytes, address = tensor.nbytes, tensor.data_ptr()  # flat and contiguous: its bytes from its first element's
-    piece = _share(a, segment_bytes, a.buffer_bytes, 1)  # the root alone writes: every slot of the round is its room
+    piece = _share(a, segment_bytes, a.buffer_bytes, 1, LONE_PIECE_BYTES)  # the root alone writes: any slot is its room
     for lo in range(0, nbytes, piece):
         span = min(nbytes - lo, piece)
         if r == root:
@@ -533,8 +542,9 @@ def scatter_shm(t: Transport, output: torch.Tensor, input, root: int, *, tag: in
     """Rank ``r``'s ``output`` (``m``) ← chunk ``r`` of ``root``'s ``input`` (``None`` elsewhere): one flat tensor of
     ``n*m`` elements, or the ``n`` chunks themselves (contiguous tensors of ``m``; the list form's items, not joined).
 
-    The root alone writes, so a round's whole buffer is its room: piece ``k`` of chunk ``p`` goes into part ``p`` of
-    the ``n - 1`` parts of the buffer (``_share``); sync; rank ``p`` copies its part out.  The root copies its own chunk
+    The root alone writes, so a round's whole buffer is its room: piece ``k`` of chunk ``p`` (at most
+    ``LONE_PIECE_BYTES``) goes into part ``p`` of the buffer's ``n - 1`` parts (``_share``); sync; rank ``p`` copies its
+    part out.  The root copies its own chunk
     last, while its peers copy the last round out.
     """
     n, r = t.size, t.rank
@@ -545,7 +555,7 @@ def scatter_shm(t: Transport, output: torch.Tensor, input, root: int, *, tag: in
             _copy(into, sources[r], m)
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
-    piece = _share(a, segment_bytes, a.buffer_bytes, n - 1)
+    piece = _share(a, segment_bytes, a.buffer_bytes, n - 1, LONE_PIECE_BYTES)
     what = f"scatter (tag {tag})"
 
     def part(p: int) -> int:  # where the root's chunk for rank p goes in the buffer: the parts skip the root
@@ -575,7 +585,8 @@ def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_
     """``in_counts[j]`` elements of ``input`` go to rank ``j``; rank ``j``'s ``out_counts[j]`` land in ``output``.
 
     Each round every rank writes piece ``k`` of each block for a peer into that peer's part of its own slot (the
-    slot in ``n - 1`` parts, ``_share``); sync; every rank copies its part of each peer's slot out.  The number of
+    slot in ``n - 1`` parts, all ranks' together at most ``ROUND_BYTES``: ``_share``); sync; every rank copies its
+    part of each peer's slot out.  The number of
     rounds is agreed at the first sync (the largest block of any rank); the block to itself is one local copy.
     """
     n, r, es = t.size, t.rank, input.element_size()
@@ -602,7 +613,7 @@ def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_
     a = shm.arena(t, tag=tag, deadline=deadline)
     what = f"all_to_all (tag {tag})"
     slot = a.slot_bytes
-    piece = _share(a, segment_bytes, slot, n - 1)
+    piece = _share(a, segment_bytes, slot, n - 1, ROUND_BYTES // (n * (n - 1)))
     # Rank i's block for rank j lies in part (j if j < i else j - 1) of i's slot: n - 1 parts, none for itself.
     sends = [(at, r * slot + (j if j < r else j - 1) * piece, size) for j, at, size in sends]
     receives = [(at, j * slot + (r if r < j else r - 1) * piece, size) for j, at, size in receives]

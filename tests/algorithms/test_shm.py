@@ -110,13 +110,16 @@ def test_data_movement_every_world_size(n):
     checks.check_barrier(fn("barrier"), n)
 
 
+@pytest.mark.parametrize("lone", ["default", "whole buffer"])
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_large_movement_in_full_buffer_pieces(n):
-    """Messages larger than a round's buffer, so that the pieces are the largest a round takes (a lone writer's
-    part of all ``n`` slots: broadcast, scatter; a peer's part of a slot: all_to_all) and the last one is short;
-    every root, scatter from a flat tensor and from the list form's chunks, segments of 0 (no limit), the default
-    and an odd size; bit for bit against the inputs."""
+def test_large_movement_in_many_rounds(n, lone, monkeypatch):
+    """Messages larger than a round's buffer, in many rounds whose last piece is short: broadcast and scatter (a lone
+    writer's pieces, also as large as the whole buffer, so that a part spans slots), all_to_all (a peer's part of a
+    slot); every root, scatter from a flat tensor and from the list form's chunks, segments of 0 (no limit), the
+    default and an odd size; bit for bit against the inputs."""
     buffer = n * shm.SLOT_BYTES
+    if lone == "whole buffer":
+        monkeypatch.setattr(shm_schedules, "LONE_PIECE_BYTES", buffer)
     m = buffer // 4 + 1000 + n  # float32 elements a rank receives: more than a buffer's bytes, not a round multiple
     for segment in (0, 4 << 20, 1 << 20 | 24):
         for root in {0, n - 1}:
@@ -136,9 +139,12 @@ def test_large_movement_in_full_buffer_pieces(n):
                 _same_bits(x, _random_bytes(root, 1, m, torch.float32), f"broadcast {what}")
                 _same_bits(flat_part, whole[r * m:(r + 1) * m], f"scatter {what}")
                 _same_bits(list_part, whole[r * m:(r + 1) * m], f"scatter from chunks {what}")
+        if lone != "default":  # all_to_all's pieces are a slot's parts: LONE_PIECE_BYTES is not theirs
+            continue
         block = shm.SLOT_BYTES // 4 + 333  # elements: a block is more than a slot, in several pieces
-        for counts in ([[block] * n for _ in range(n)],
-                       [[(block * (1 + (i + j) % 3)) // 2 + i for j in range(n)] for i in range(n)]):
+        even = [[block] * n for _ in range(n)]
+        uneven = [[(block * (1 + (i + j) % 3)) // 2 + i for j in range(n)] for i in range(n)]
+        for counts in (even, uneven):
             checks.check_all_to_all(fn("all_to_all"), counts, torch.float32, segment)
 
 
