@@ -311,6 +311,20 @@ def test_arena_agrees_on_reading_peers_memory(monkeypatch, allowed):
     assert run_ranks(3, body, timeout_s=30) == [allowed and _cross_memory_works()] * 3
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_cross_memory_by_default_only_where_ranks_have_cores(monkeypatch, n):
+    """``CROSS_MEMORY = "cores"`` (the default): peers' memory is read in place only where the ranks do not outnumber
+    the host's cores (with more ranks than cores, copies through the slots measured faster); every rank agrees."""
+    monkeypatch.setattr(shm, "CROSS_MEMORY", "cores")
+    monkeypatch.setattr(shm.os, "cpu_count", lambda: 2)
+
+    def body(t):
+        fn("barrier")(t, tag=1, deadline=time.monotonic() + 10, segment_bytes=64)
+        return t.local.arena.cross_memory
+
+    assert run_ranks(n, body, timeout_s=30) == [n <= 2 and _cross_memory_works()] * n
+
+
 @pytest.mark.parametrize("allowed", [True, False], ids=["direct", "slots"])
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 def test_large_all_reduce_both_schedules(monkeypatch, n, allowed):
@@ -327,6 +341,7 @@ def test_large_all_reduce_both_schedules(monkeypatch, n, allowed):
 def test_reduce_scatter_and_gathers_read_peers_inputs_where_they_lie(monkeypatch, n):
     """The direct schedules of reduce_scatter, all_gather and gather (every size counts as large here,
     in blocks far smaller than a chunk): every (dtype, op) cell, uneven chunk sizes, in place and not."""
+    monkeypatch.setattr(shm, "CROSS_MEMORY", True)  # at any number of ranks, not only up to the host's cores
     monkeypatch.setattr(shm_schedules, "DIRECT_BYTES", 1)
     monkeypatch.setattr(shm_schedules, "BLOCK_BYTES", 1000)
     if not _cross_memory_works():
