@@ -496,17 +496,27 @@ def broadcast_shm(t: Transport, tensor: torch.Tensor, root: int, *, tag: int, de
 
 def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, readers: Sequence[int], tag: int,
             deadline, segment_bytes: int, what: str) -> None:
-    """Every rank's ``input`` (``m`` bytes) into chunk ``rank`` of ``output`` on the ``readers``."""
+    """Every rank's ``input`` (``m`` bytes) into chunk ``rank`` of ``output`` on the ``readers``.
+
+    A rank that both writes and reads (all_gather) in rounds of pieces copies its own chunk out of its slot in each
+    round, where the piece it just copied in is still in cache, not from its input again."""
     n, r = t.size, t.rank
     m, source = input.nbytes, input.data_ptr()
     reads = r in readers
     into = output.data_ptr() if reads else 0
-    if reads:
-        _copy(into + r * m, source, m)
     if n == 1 or m == 0:
+        if reads:
+            _copy(into + r * m, source, m)
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
-    if a.cross_memory and m * n >= DIRECT_BYTES:  # readers copy each peer's input where it lies: no slot
+    writes = not reads or len(readers) > 1  # a lone reader (gather's root) needs no slot of its own
+    direct = a.cross_memory and m * n >= DIRECT_BYTES
+    one_c_round = reads and len(readers) == n and m <= a.slot_bytes and shm.small_round_in_c()  # gather_round's
+    rounds = not direct and not one_c_round
+    own = reads and into + r * m != source  # this rank's chunk still to copy (not in place)
+    if own and not (rounds and writes):  # else each round copies it out of this rank's slot
+        _copy(into + r * m, source, m)
+    if direct:  # readers copy each peer's input where it lies: no slot
         out = _bytes(output) if reads else None
         parity, peers = _publish_address(a, _bytes(input), deadline, what)
         if out is not None:
@@ -514,11 +524,12 @@ def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, r
                 _peer_read(a, parity, p, 0, out[p * m:(p + 1) * m], what)
         a.sync(deadline, what)  # no rank changes its input before every reader has it
         return
-    if reads and len(readers) == n and m <= a.slot_bytes and a.gather_round(output, m, deadline, what):
-        return  # one C round: copy in, sync, copy every peer's slot out
+    if one_c_round and a.gather_round(output, m, deadline, what):
+        return  # one C round: copy in (from the output's own chunk), sync, copy every peer's slot out
     piece, slot = _piece_bytes(a, segment_bytes), a.slot_bytes
-    writes = not reads or len(readers) > 1  # a lone reader (gather's root) needs no slot of its own
     peers = [p for p in range(n) if p != r] if reads else []
+    if own and writes:
+        peers.append(r)
     for lo in range(0, m, piece):  # one round a piece: every writer copies in, sync, the readers copy out
         span = min(m - lo, piece)
         a.move_round(((source + lo, r * slot, span),) if writes else (),
