@@ -98,7 +98,8 @@ def small_round_in_c() -> bool:
 SHM_DIR, PREFIX = "/dev/shm", "zerocomm-"
 #: Bytes of one rank's control line (two cache lines: no false sharing between ranks' words).
 LINE = 128
-#: Bytes of one rank's slot in one of the three round buffers (pieces of a message are at most this).
+#: Bytes of one rank's slot in one of the three round buffers (pieces of a message are at most this, or n times
+#: this where one rank alone writes a round: broadcast's and scatter's root).
 SLOT_BYTES = 2 << 20
 #: Alignment of slots and heap regions (a cache line; every dtype's element size divides it).
 ALIGN = 64
@@ -342,7 +343,7 @@ class Arena:
 
     Attributes:
         n, rank: the communicator's size and this rank.
-        slot_bytes: bytes of one slot (the most one rank puts in one round).
+        slot_bytes: bytes of one slot (the most one rank puts in one round, but where it alone writes the round).
         rounds: the round counters; ``rounds.round`` is the next round's number (its buffer is ``round % 3``),
             which schedules advance.
     """
