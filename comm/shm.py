@@ -43,8 +43,7 @@ restriction, no seccomp filter against it), a large all_reduce reads each peer's
 instead of having it copied into a slot first, and writes its reduced slice straight into the peers'
 tensors: the traffic of one copy, as for tensors from :func:`shared_empty`.  Whether every rank can is
 agreed once, when the arena is made (``Arena.decide_cross_memory``), so all ranks take the same schedule;
-``CROSS_MEMORY`` says where it is wanted (by default only where the ranks do not outnumber the cores: with more
-ranks than cores, copies through the slots were faster here).
+``CROSS_MEMORY = False`` turns it off.
 
 [Note: an abandoned call]  A rank that leaves a call at its deadline (or because a peer failed) has
 stored the call's steps; a late peer arriving afterwards would find every step reached and finish the
@@ -108,13 +107,8 @@ ALIGN = 64
 SPIN_S = 50e-6
 #: Longest single sleep: how often a waiter re-checks its deadline and the peer's liveness.
 SLEEP_SLICE_S = 0.02
-#: Read and write peers' private memory (``process_vm_readv``/``writev``, module notes): ``True`` where every rank
-#: can, ``False`` never, ``"cores"`` (the default) where every rank can and the ranks do not outnumber the host's
-#: cores.  Measured on 2 cores at 16 MiB float32 (load 1.3-1.7): at 2 ranks reading in place wins (all_reduce 3.3-4.3
-#: ms against 4.3-5.0 through the slots, all_gather 2.8-3.1 against 3.3-3.6); at 4 ranks the slots win (all_gather
-#: 5.4-5.7 against 7.6-8.5, all_reduce 10.3-10.6 against 11.4-12.1, reduce_scatter 7.0-7.9 against 7.3-8.1):
-#: a cross-memory read moves about 3.6 GB/s here, a copy through the mapped segment several times that.
-CROSS_MEMORY = "cores"
+#: Read and write peers' private memory (``process_vm_readv``/``writev``) where every rank can (module notes).
+CROSS_MEMORY = True
 #: Most numpy arrays over small user tensors' memory an arena keeps (``Arena.numpy_view``).
 _NUMPY_VIEWS = 16
 _MISSING = object()
@@ -723,8 +717,7 @@ class Arena:
                     and read_peer(self.pid(p), address, got) == 8 and int(got) == int(probe)
                     and write_peer(self.pid(p), address, got) == 8)  # the value it holds: nothing changes
 
-        wanted = CROSS_MEMORY is True or (CROSS_MEMORY == "cores" and self.n <= (os.cpu_count() or 1))
-        ok = wanted and _readv is not None and _writev is not None and all(readable(p) for p in self._peers)
+        ok = CROSS_MEMORY and _readv is not None and _writev is not None and all(readable(p) for p in self._peers)
         self._i64[line + _READABLE] = int(ok)
         self.sync(deadline, "shm arena")  # after it no peer reads `probe` any more, and every answer is in
         self.cross_memory = all(self._i64[p * (LINE // 8) + _READABLE] == 1 for p in range(self.n))

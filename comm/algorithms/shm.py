@@ -65,6 +65,15 @@ DIRECT_BYTES = 256 << 10
 #: combining it: small enough to stay in cache between the read and the combine, large enough that the
 #: calls' overhead stays small (1 MiB measured best of 256 KiB-2 MiB at 16 MiB, 2 ranks on 2 cores).
 BLOCK_BYTES = 1 << 20
+#: Most ranks for which reduce_scatter, all_gather and gather read peers' inputs in place (``process_vm_readv``, where
+#: the arena agreed every rank can); ``None``: the host's cores (``os.cpu_count()``, the same on every rank).  With more
+#: ranks than cores, copies through the slots were faster.  Measured on 2 cores at 16 MiB float32 (load 1.3-1.7): at 2
+#: ranks in place wins (all_gather 2.8-3.1 ms against 3.3-3.6 through the slots); at 4 ranks the slots win (all_gather
+#: 5.4-5.7 against 7.6-8.5, reduce_scatter 7.0-7.9 against 7.3-8.1).  A cross-memory read moves about 3.6 GB/s here, a
+#: copy through the mapped segment several times that.  (all_reduce reads in place wherever it can: its direct schedule
+#: also serves tensors from heaps, which need no cross-memory read; through slots or in place it measured alike at 4
+#: ranks, 10.3-12.6 ms against 10.2-12.1.)
+READ_IN_PLACE_RANKS: Optional[int] = None
 #: Most bytes a lone writer (broadcast's, scatter's root) puts into one round for each destination.  A round's copy-out
 #: by the peers overlaps the root's copy-in of the next, so a large call wants several rounds; each costs a sync.
 #: Measured on 2 cores at 16 MiB (load 2-3): 1 MiB per destination ran a 2-rank scatter in 0.85-1.4 ms against
@@ -80,6 +89,14 @@ ROUND_BYTES = 4 << 20
 def _piece_bytes(a: shm.Arena, segment_bytes: int) -> int:
     """Bytes a round moves: ``segment_bytes`` within a slot; 0 (no segmenting, as every algorithm reads it): a slot."""
     return a.slot_bytes if segment_bytes <= 0 else min(segment_bytes, a.slot_bytes)
+
+
+def _read_in_place(a: shm.Arena, nbytes: int) -> bool:
+    """Whether a reduce_scatter, all_gather or gather of ``nbytes`` (in all) reads peers' inputs where they lie: the
+    arena agreed every rank can, the call is large (``DIRECT_BYTES``), and the ranks do not outnumber
+    ``READ_IN_PLACE_RANKS`` (the same answer on every rank)."""
+    most = READ_IN_PLACE_RANKS if READ_IN_PLACE_RANKS is not None else (os.cpu_count() or 1)
+    return a.cross_memory and nbytes >= DIRECT_BYTES and a.n <= most
 
 
 def _share(a: shm.Arena, segment_bytes: int, room: int, ways: int, most: int) -> int:
@@ -403,7 +420,7 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     what = f"reduce_scatter (tag {tag})"
-    if a.cross_memory and input.nbytes >= DIRECT_BYTES:
+    if _read_in_place(a, input.nbytes):
         _reduce_scatter_direct(a, output, input, op, deadline, what)
         return
     dtype = input.dtype
@@ -510,7 +527,7 @@ def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, r
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     writes = not reads or len(readers) > 1  # a lone reader (gather's root) needs no slot of its own
-    direct = a.cross_memory and m * n >= DIRECT_BYTES
+    direct = _read_in_place(a, m * n)
     one_c_round = reads and len(readers) == n and m <= a.slot_bytes and shm.small_round_in_c()  # gather_round's
     rounds = not direct and not one_c_round
     own = reads and into + r * m != source  # this rank's chunk still to copy (not in place)

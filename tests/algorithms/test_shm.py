@@ -311,20 +311,6 @@ def test_arena_agrees_on_reading_peers_memory(monkeypatch, allowed):
     assert run_ranks(3, body, timeout_s=30) == [allowed and _cross_memory_works()] * 3
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_cross_memory_by_default_only_where_ranks_have_cores(monkeypatch, n):
-    """``CROSS_MEMORY = "cores"`` (the default): peers' memory is read in place only where the ranks do not outnumber
-    the host's cores (with more ranks than cores, copies through the slots measured faster); every rank agrees."""
-    monkeypatch.setattr(shm, "CROSS_MEMORY", "cores")
-    monkeypatch.setattr(shm.os, "cpu_count", lambda: 2)
-
-    def body(t):
-        fn("barrier")(t, tag=1, deadline=time.monotonic() + 10, segment_bytes=64)
-        return t.local.arena.cross_memory
-
-    assert run_ranks(n, body, timeout_s=30) == [n <= 2 and _cross_memory_works()] * n
-
-
 @pytest.mark.parametrize("allowed", [True, False], ids=["direct", "slots"])
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 def test_large_all_reduce_both_schedules(monkeypatch, n, allowed):
@@ -341,8 +327,8 @@ def test_large_all_reduce_both_schedules(monkeypatch, n, allowed):
 def test_reduce_scatter_and_gathers_read_peers_inputs_where_they_lie(monkeypatch, n):
     """The direct schedules of reduce_scatter, all_gather and gather (every size counts as large here,
     in blocks far smaller than a chunk): every (dtype, op) cell, uneven chunk sizes, in place and not."""
-    monkeypatch.setattr(shm, "CROSS_MEMORY", True)  # at any number of ranks, not only up to the host's cores
     monkeypatch.setattr(shm_schedules, "DIRECT_BYTES", 1)
+    monkeypatch.setattr(shm_schedules, "READ_IN_PLACE_RANKS", 64)  # at every world size, not only up to the cores
     monkeypatch.setattr(shm_schedules, "BLOCK_BYTES", 1000)
     if not _cross_memory_works():
         pytest.skip("this kernel refuses process_vm_readv between the test's ranks: only the slot schedules run")
@@ -355,6 +341,25 @@ def test_reduce_scatter_and_gathers_read_peers_inputs_where_they_lie(monkeypatch
             checks.check_all_gather(fn("all_gather"), n, numel, dtype, SMALL_SEGMENT)
             checks.check_all_gather(fn("all_gather"), n, numel, dtype, SMALL_SEGMENT, in_place=True)
             checks.check_gather(fn("gather"), n, numel, dtype, n - 1, SMALL_SEGMENT)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_gathers_read_in_place_by_default_only_where_ranks_have_cores(monkeypatch, n):
+    """``READ_IN_PLACE_RANKS = None`` (the default): a large all_gather reads peers' inputs in place only where the
+    ranks do not outnumber the host's cores, else it goes through the slots; the result is the same either way."""
+    if not _cross_memory_works():
+        pytest.skip("this kernel refuses process_vm_readv between the test's ranks: only the slot schedules run")
+    monkeypatch.setattr(shm_schedules, "READ_IN_PLACE_RANKS", None)
+    monkeypatch.setattr(shm_schedules.os, "cpu_count", lambda: 2)
+    real, reads = shm_schedules._peer_read, []
+
+    def counted(*args):  # the ranks are threads of this process: one count for all
+        reads.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(shm_schedules, "_peer_read", counted)
+    checks.check_all_gather(fn("all_gather"), n, shm_schedules.DIRECT_BYTES // 2, torch.float32, 0)
+    assert bool(reads) == (n <= 2), (n, len(reads))
 
 
 def test_small_all_reduce_views_follow_the_memory():
