@@ -14,6 +14,10 @@ Each world runs under ``mpiexec -n N``; in the same processes, interleaved round
   rank's input and write every rank's output at least once, so it moves at least what this copy
   moves; "of bound" is the bound's time over the variant's (1 = at the bound).
 
+Then a 16 MiB broadcast and all_gather (S as nccl-tests counts it: the gathered output) the same way:
+MPICH (``Bcast``, ``Allgather``), torch gloo, zerocomm ``algorithm="shm"`` and the same copy bound (every
+rank's S bytes of output must be written once; what is read into them comes from a peer).
+
 Times are per call: ``iters`` calls back to back after warm-up, averaged (nccl-tests' way), the
 median over rounds, the slowest rank.  Timings, not assertions: compare within one run only.
 """
@@ -31,11 +35,47 @@ import time
 SIZES = (8, 16 << 20)
 VARIANTS = ("MPICH (mpi4py Allreduce)", "torch gloo", "zerocomm native (mpi)", "zerocomm ring", "zerocomm shm",
             "zerocomm shm zero-copy", "copy bound (copy_)")
+#: The data-movement collectives measured beside the copy bound, at the largest size.
+MOVEMENT = ("broadcast", "all_gather")
+MOVEMENT_VARIANTS = ("MPICH", "torch gloo", "zerocomm shm", "copy bound (copy_)")
 
 
 def _schedule(nbytes: int) -> tuple[int, int]:
     """(calls per round, rounds) for a message size."""
     return (200, 15) if nbytes <= 4096 else (4, 7)
+
+
+def _timed(variants: dict, per_round: int, rounds: int, barrier) -> dict:
+    """Median seconds per call of each variant, interleaved round by round (after 3 warm-up calls each)."""
+    times = {name: [] for name in variants}
+    for call in variants.values():  # warm-up: arenas, connections, caches
+        for _ in range(3):
+            call()
+    for _ in range(rounds):
+        for name, call in variants.items():
+            barrier()
+            start = time.perf_counter()
+            for _ in range(per_round):
+                call()
+            times[name].append((time.perf_counter() - start) / per_round)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _movement_variants(td, dist, raw, rank: int, n: int, nbytes: int) -> dict:
+    """``{collective: {variant: call}}`` of the 16 MiB data movement (S = the broadcast buffer, the gathered output)."""
+    import torch
+    numel = nbytes // 4
+    source, target = torch.ones(numel), torch.empty(numel)
+    buffer = torch.ones(numel)
+    mine, gathered = torch.full((numel // n,), float(rank)), torch.empty(numel // n * n)
+    bound = {"copy bound (copy_)": lambda: target.copy_(source)}
+    return {
+        "broadcast": {"MPICH": lambda: raw.Bcast(buffer.numpy(), root=0), "torch gloo": lambda: td.broadcast(buffer, 0),
+                      "zerocomm shm": lambda: dist.broadcast(buffer, 0, algorithm="shm"), **bound},
+        "all_gather": {"MPICH": lambda: raw.Allgather(mine.numpy(), gathered.numpy()),
+                       "torch gloo": lambda: td.all_gather_into_tensor(gathered, mine),
+                       "zerocomm shm": lambda: dist.all_gather_into_tensor(gathered, mine, algorithm="shm"), **bound},
+    }
 
 
 def worker(folder: str, out_path: str) -> None:
@@ -73,22 +113,15 @@ def worker(folder: str, out_path: str) -> None:
             "zerocomm shm zero-copy": lambda: dist.all_reduce(shared, algorithm="shm"),
             "copy bound (copy_)": lambda: target.copy_(source),
         }
-        per_round, rounds = _schedule(nbytes)
-        times = {name: [] for name in variants}
-        for call in variants.values():  # warm-up: arenas, connections, caches
-            for _ in range(3):
-                call()
-        for _ in range(rounds):
-            for name, call in variants.items():
-                raw.Barrier()
-                start = time.perf_counter()
-                for _ in range(per_round):
-                    call()
-                times[name].append((time.perf_counter() - start) / per_round)
-        mine = {name: statistics.median(values) for name, values in times.items()}
+        mine = _timed(variants, *_schedule(nbytes), raw.Barrier)
         every = raw.gather(mine, root=0)
         if rank == 0:
             results[str(nbytes)] = {name: max(r[name] for r in every) for name in variants}
+    nbytes = SIZES[-1]
+    for collective, variants in _movement_variants(td, dist, raw, rank, n, nbytes).items():
+        every = raw.gather(_timed(variants, *_schedule(nbytes), raw.Barrier), root=0)
+        if rank == 0:
+            results[f"{collective} {nbytes}"] = {name: max(r[name] for r in every) for name in variants}
     raw.Barrier()
     td.destroy_process_group()
     dist.destroy_process_group()
@@ -117,6 +150,8 @@ def table(results: dict) -> str:
     lines = []
     for n, by_size in results.items():
         for size, times in by_size.items():
+            if " " in size:  # "<collective> <bytes>": the data movement, below
+                continue
             bound = times["copy bound (copy_)"]
             rows = []
             for name in VARIANTS:
@@ -127,10 +162,22 @@ def table(results: dict) -> str:
             lines.append(tabulate(rows, headers=["variant", "µs", "× faster than gloo", "× faster than MPICH",
                                                  "of copy bound"], disable_numparse=True))
             lines.append("")
+        for key, times in by_size.items():
+            if " " not in key:
+                continue
+            collective, size = key.split()
+            bound = times["copy bound (copy_)"]
+            rows = [[name, f"{times[name] * 1e6:.1f}", f"{times['torch gloo'] / times[name]:.2f}",
+                     f"{times['MPICH'] / times[name]:.2f}", f"{bound / times[name]:.2f}"] for name in MOVEMENT_VARIANTS]
+            lines.append(f"n={n}, float32 {collective} of {_label(int(size))} (µs per call, slowest rank)")
+            lines.append(tabulate(rows, headers=["variant", "µs", "× faster than gloo", "× faster than MPICH",
+                                                 "of copy bound"], disable_numparse=True))
+            lines.append("")
     return "\n".join(lines)
 
 
-HELP = "one host: shm all_reduce beside ring, torch gloo and MPICH, with the copy bound (8 B, 16 MiB)"
+HELP = ("one host: shm all_reduce beside ring, torch gloo and MPICH, with the copy bound (8 B, 16 MiB); 16 MiB broadcast "
+        "and all_gather beside the same bound")
 
 DESCRIPTION = """\
 On one host, an 8 B and a 16 MiB float32 all_reduce under mpiexec, every variant in the same
@@ -139,6 +186,9 @@ processes, interleaved round by round:
   MPICH (mpi4py Allreduce), torch gloo, zerocomm native (over MPI), ring, shm, and shm zero-copy
   (the tensor from zerocomm.comm.shared_empty); and the copy bound, one copy of S bytes on every
   rank at once, which no all_reduce can beat ("of bound": 1 = at the bound)
+
+Then a 16 MiB broadcast and all_gather (S: the buffer, the gathered output): MPICH, torch gloo and
+zerocomm shm beside the same copy bound.
 
 Times are per call (back-to-back calls averaged, the median over rounds, the slowest rank).
 

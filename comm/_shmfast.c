@@ -25,10 +25,12 @@
  * kind: 0 float32, 1 float64, 2 int32, 3 int64; 4 bytes, with op 8 (GATHER): every rank's nelem bytes at
  * data + rank * nelem are copied into data + p * nelem of every rank p (an all_gather round); kind 4 with op 9
  * (MOVE): `data` is the address of a list of copies (int64 words, nelem 0): n_in, n_out, then n_in triples
- * (source address, offset in this rank's slot, bytes) copied into this rank's slot before it arrives, then n_out
- * quads (destination address, peer, offset in that peer's slot, bytes) copied out of the peers' slots once every
- * peer arrived (a round of broadcast, scatter, gather, all_to_all, ... and the non-root side of a reduce; every
- * entry is checked to lie within a slot before any byte moves).  op: 0 sum, 1 avg, 2 product, 3 min, 4 max, 5 band,
+ * (source address, offset in the round's buffer, bytes) copied into the buffer before this rank arrives, then n_out
+ * triples (destination address, offset in the round's buffer, bytes) copied out of it once every peer arrived (a
+ * round of broadcast, scatter, gather, all_to_all, ... and the non-root side of a reduce).  The buffer is the n
+ * slots of the round, n * slot_bytes from `buf`: a schedule writes only bytes that no peer writes in the same round
+ * (its own slot, or any slot where one rank alone writes, as broadcast's and scatter's roots do); every entry is
+ * checked to lie within the buffer before any byte moves.  op: 0 sum, 1 avg, 2 product, 3 min, 4 max, 5 band,
  * 6 bor, 7 bxor (comm/algorithms/shm.py's FAST_KINDS and FAST_OPS; bitwise ops and ints only where the
  * caller admits them).
  */
@@ -145,25 +147,20 @@ static int combine_kind(int kind, void *out, const void *x, const void *y, Py_ss
 #define MOVE 9
 #define IS_BYTES_OP(op) ((op) == GATHER || (op) == MOVE)
 
-/* The copies of a MOVE round at `d`: 0 if every one lies within a slot (and every peer is a rank), else -1 with an
+/* The copies of a MOVE round at `d`: 0 if every one lies within the round's buffer (n slots), else -1 with an
  * exception set.  Checked before the round copies or arrives, so a bad list moves nothing. */
 static int move_valid(const int64_t *d, Py_ssize_t n, Py_ssize_t slot_bytes) {
-    int64_t n_in = d[0], n_out = d[1];
+    int64_t n_in = d[0], n_out = d[1], buffer = (int64_t)n * slot_bytes;
     if (n_in < 0 || n_out < 0 || n_in > 4 * n || n_out > 4 * n)
         goto bad;
-    for (int64_t i = 0; i < n_in; i++) {
+    for (int64_t i = 0; i < n_in + n_out; i++) {
         const int64_t *e = d + 2 + 3 * i;
-        if (e[1] < 0 || e[2] < 0 || e[1] > slot_bytes - e[2])
-            goto bad;
-    }
-    for (int64_t i = 0; i < n_out; i++) {
-        const int64_t *e = d + 2 + 3 * n_in + 4 * i;
-        if (e[1] < 0 || e[1] >= n || e[2] < 0 || e[3] < 0 || e[2] > slot_bytes - e[3])
+        if (e[1] < 0 || e[2] < 0 || e[1] > buffer - e[2])
             goto bad;
     }
     return 0;
 bad:
-    PyErr_SetString(PyExc_ValueError, "post: a MOVE round's copies do not lie within the slots");
+    PyErr_SetString(PyExc_ValueError, "post: a MOVE round's copies do not lie within the round's slots");
     return -1;
 }
 
@@ -188,9 +185,9 @@ static int finish(const long long *a) {
         const int64_t *d = data, *e = (const int64_t *)data + 2 + 3 * ((const int64_t *)data)[0];
         if (move_valid(d, n, slot_bytes) < 0)  /* post checked it; combine() is called on its own too */
             return -1;
-        for (int64_t i = 0; i < d[1]; i++, e += 4)
-            if (e[3] > 0)
-                memcpy((void *)(intptr_t)e[0], buf + e[1] * slot_bytes + e[2], (size_t)e[3]);
+        for (int64_t i = 0; i < d[1]; i++, e += 3)
+            if (e[2] > 0)
+                memcpy((void *)(intptr_t)e[0], buf + e[1], (size_t)e[2]);
         return 0;
     }
     int bad;
@@ -232,7 +229,7 @@ static int round_post(const long long *a) {
         for (int64_t i = 0; i < d[0]; i++) {
             const int64_t *e = d + 2 + 3 * i;
             if (e[2] > 0)
-                memcpy(buf + rank * slot_bytes + e[1], (const void *)(intptr_t)e[0], (size_t)e[2]);
+                memcpy(buf + e[1], (const void *)(intptr_t)e[0], (size_t)e[2]);
         }
     } else {
         const char *mine_in = (const char *)(intptr_t)a[7] + (a[10] == GATHER ? rank * a[8] : 0);

@@ -177,16 +177,18 @@ def _scatter_fields(plan, tensor, scatter_list, _o, _i):
     if not _fits(plan, tensor):
         return MISS
     numel = tensor.numel()
-    flat, inputs = None, ()
+    chunks, inputs = None, ()
     if plan.group.rank == plan.root:
         if not _items_fit(plan, scatter_list, numel):
             return MISS
-        flat = pack(scatter_list, plan.dtype, tensor.device)
+        # The chunks as they lie, not joined: shared memory and gloo's own scatter read each where it is (a join
+        # would copy the root's whole input once more); an algorithm that sends one buffer joins them itself.
+        chunks = tuple(item if item.ndim == 1 else item.view(-1) for item in scatter_list)
         inputs = tuple(scatter_list)
     elif not _no_list(scatter_list):
         return MISS
     flat_out = tensor if tensor.ndim == 1 else tensor.view(-1)
-    return (flat_out, flat, plan.root), plan.size * tensor.nbytes, numel, (tensor,), None, inputs
+    return (flat_out, chunks, plan.root), plan.size * tensor.nbytes, numel, (tensor,), None, inputs
 
 
 def _reduce_scatter_fields(plan, output, input_list, _o, _i):

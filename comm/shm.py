@@ -18,8 +18,8 @@ and kept with the communicator (``t.local.arena``) until the backend's ``close()
 rank passes the same sequence of *steps*.  ``sync()`` is a barrier: this rank stores its next
 step in its ``arrive`` word and waits until every peer's word reaches it — a flag per step
 instead of a message.  A collective runs in *rounds*; round ``k`` writes only buffer ``k % 3``
-of this rank's slot before a sync and reads peers' slots of buffer ``k % 3`` after it, until the
-sync after the next.  Three buffers let a schedule overlap round ``k``'s reads with round
+before a sync -- this rank's slot, or any slot of a round where it alone writes (broadcast's and
+scatter's root) -- and reads peers' slots of buffer ``k % 3`` after it, until the sync after the next.  Three buffers let a schedule overlap round ``k``'s reads with round
 ``k+1``'s writes with one sync per round, and let a call start writing before its peers have
 finished reading the previous call's last round.  Rules every schedule keeps: before its first
 sync a call writes only its first round's buffer; after its last sync it reads only its last
@@ -97,7 +97,8 @@ def small_round_in_c() -> bool:
 SHM_DIR, PREFIX = "/dev/shm", "zerocomm-"
 #: Bytes of one rank's control line (two cache lines: no false sharing between ranks' words).
 LINE = 128
-#: Bytes of one rank's slot in one of the three round buffers (pieces of a message are at most this).
+#: Bytes of one rank's slot in one of the three round buffers (pieces of a message are at most this, or n times
+#: this where one rank alone writes a round: broadcast's and scatter's root).
 SLOT_BYTES = 2 << 20
 #: Alignment of slots and heap regions (a cache line; every dtype's element size divides it).
 ALIGN = 64
@@ -336,7 +337,7 @@ class Arena:
 
     Attributes:
         n, rank: the communicator's size and this rank.
-        slot_bytes: bytes of one slot (the most one rank puts in one round).
+        slot_bytes: bytes of one slot (the most one rank puts in one round, but where it alone writes the round).
         rounds: the round counters; ``rounds.round`` is the next round's number (its buffer is ``round % 3``),
             which schedules advance.
     """
@@ -351,6 +352,8 @@ class Arena:
         self._base = self.raw.data_ptr()
         self._data = aligned(n * LINE)
         self._buffers, self._round_bytes = self._base + self._data, n * slot_bytes  # for the C round
+        #: Bytes of one round's buffer: its ``n`` slots, which a MOVE round (:meth:`move_round`) addresses as one.
+        self.buffer_bytes = n * slot_bytes
         #: The round counters: ``step`` (the last step stored), ``round`` (the next round's number) and ``checks``
         #: (mismatch checks run: picks the digest word, they alternate) -- in C where built, so that a check's
         #: round is one call (``rounds.check``).
@@ -532,19 +535,20 @@ class Arena:
         return True
 
     def move_round(self, ins: Sequence[tuple], outs: Sequence[tuple], deadline: Optional[float], what: str) -> None:
-        """One round of copies through the next buffer: each ``(address, offset, nbytes)`` of ``ins`` (this process's
-        memory) into this rank's slot at byte ``offset``; the round's sync (an armed check, ``expect``, rides in it and
-        is compared before any peer's byte is read); then each ``(address, peer, offset, nbytes)`` of ``outs`` out of
-        rank ``peer``'s slot at ``offset``.  The round of broadcast, scatter, gather, all_to_all and the non-root side
-        of a small reduce.  One C call (``_shmfast`` op MOVE) where built; else the same copies (``ctypes.memmove``)
-        around :meth:`sync`.  ``ValueError`` before any byte moves if a copy does not lie within a slot."""
-        for _, offset, nbytes in ins:
-            if offset < 0 or nbytes < 0 or offset + nbytes > self.slot_bytes:
-                raise ValueError(f"{what}: {nbytes} bytes at offset {offset} do not fit a slot of {self.slot_bytes}")
-        for _, peer, offset, nbytes in outs:
-            if not 0 <= peer < self.n or offset < 0 or nbytes < 0 or offset + nbytes > self.slot_bytes:
-                raise ValueError(f"{what}: {nbytes} bytes at offset {offset} of rank {peer}'s slot do not fit a slot "
-                                 f"of {self.slot_bytes} bytes in a group of {self.n}")
+        """One round of copies through the next buffer (its ``n`` slots, :attr:`buffer_bytes` in all): each
+        ``(address, offset, nbytes)`` of ``ins`` (this process's memory) into the buffer at byte ``offset``; the round's
+        sync (an armed check, ``expect``, rides in it and is compared before any peer's byte is read); then each
+        ``(address, offset, nbytes)`` of ``outs`` out of the buffer at ``offset`` into this process's memory.  A rank
+        writes only bytes no peer writes in the same round: its own slot (``rank * slot_bytes`` on), or any slot of a
+        round where it alone writes (broadcast's and scatter's root).  The round of broadcast, scatter, gather,
+        all_to_all and the non-root side of a small reduce.  One C call (``_shmfast`` op MOVE) where built; else the
+        same copies (``ctypes.memmove``) around :meth:`sync`.  ``ValueError`` before any byte moves if a copy does not
+        lie within the buffer."""
+        for entries in (ins, outs):
+            for _, offset, nbytes in entries:
+                if offset < 0 or nbytes < 0 or offset + nbytes > self.buffer_bytes:
+                    raise ValueError(f"{what}: {nbytes} bytes at offset {offset} do not lie within a round's slots "
+                                     f"({self.n} of {self.slot_bytes} bytes)")
         if _shmfast is not None:
             words = array("q", (len(ins), len(outs)))
             for entry in ins:  # a loop of extends: faster than one chained extend for the few entries a round has
@@ -556,14 +560,13 @@ class Arena:
         k = self.rounds.round
         self.rounds.round = k + 1
         buffer = self._buffers + (k % 3) * self._round_bytes
-        mine = buffer + self.rank * self.slot_bytes
         for address, offset, nbytes in ins:
             if nbytes:
-                ctypes.memmove(mine + offset, address, nbytes)
+                ctypes.memmove(buffer + offset, address, nbytes)
         self.sync(deadline, what)
-        for address, peer, offset, nbytes in outs:
+        for address, offset, nbytes in outs:
             if nbytes:
-                ctypes.memmove(address, buffer + peer * self.slot_bytes + offset, nbytes)
+                ctypes.memmove(address, buffer + offset, nbytes)
 
     def _slot_round(self, address: int, nelem: int, kind: int, op: int, deadline: Optional[float], what: str) -> None:
         """One C round through the slots of the next buffer: ``nelem`` elements of C ``kind`` at ``address``, combined

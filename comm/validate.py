@@ -371,18 +371,19 @@ def scatter(tensor, scatter_list, src, group, async_op, group_src, algorithm, ke
     src = 0 if src is None and group_src is None else src
     root = group_rank_of(g, src, group_src, "src", "scatter")
     check_tensor(tensor, "tensor", "scatter", g)
-    flat = None
+    chunks = None
     if g.rank == root:
         check_list_length(scatter_list, g.size(), "scatter_list", "scatter", g)
         check_same_dtype(scatter_list, tensor.dtype, "scatter", g)
         for index, item in enumerate(scatter_list):
             check_numel(item, tensor.numel(), f"scatter_list[{index}]", "scatter", g)
-        flat = pack(scatter_list, tensor.dtype, tensor.device)
+        # Each chunk contiguous (a strided item is copied, as joining them did), not joined: see plan._scatter_fields.
+        chunks = tuple(item.contiguous().reshape(-1) for item in scatter_list)
     elif scatter_list:
         raise InvalidArgumentError(f"rank {g.my_global_rank}: scatter: scatter_list must be given only on the "
                                    f"source rank {g.ranks[root]}")
     plan = plan_for(g, "scatter", tensor.dtype, None, root, algorithm, async_op, None, "scatter", "scatter")
-    return _run(plan, key, (_flat(tensor), flat, root), g.size() * tensor.nbytes, tensor.numel(), (tensor,), None,
+    return _run(plan, key, (_flat(tensor), chunks, root), g.size() * tensor.nbytes, tensor.numel(), (tensor,), None,
                     tuple(scatter_list or ()))
 
 

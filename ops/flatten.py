@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["total_numel", "flatten_tensors", "views_into", "unflatten_into"]
+__all__ = ["total_numel", "flatten_tensors", "views_into", "unflatten_into", "joined", "as_chunks"]
 
 def _shape_numel(item: object, index: int) -> int:
     """Number of elements of one tensor, shape (sequence of ints) or plain length."""
@@ -173,3 +173,19 @@ def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
             n = t.numel()
             t.copy_(flat[offset : offset + n].view(t.shape))
             offset += n
+
+
+def joined(chunks) -> torch.Tensor:
+    """One flat tensor of ``chunks``: a tensor as it is, a sequence of contiguous 1-D tensors concatenated (a copy).
+
+    A scatter's root input travels as its list of chunks where the algorithm reads them where they lie (gloo's own
+    scatter, shared memory); an algorithm that sends one flat buffer joins them here.
+    """
+    if isinstance(chunks, torch.Tensor):
+        return chunks
+    return torch.cat(list(chunks))
+
+
+def as_chunks(chunks, n: int) -> list:
+    """``chunks`` as a list of its ``n`` chunks: a sequence's items as they are, a flat tensor's ``n`` equal views."""
+    return list(chunks.chunk(n)) if isinstance(chunks, torch.Tensor) else list(chunks)

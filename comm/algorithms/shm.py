@@ -30,11 +30,14 @@ all_reduce (the schedule of DeepSpeed's CPU shm all_reduce, pipelined):
 reduce: large all_reduce's schedule without the heap, only the root copies out.
 reduce_scatter: round ``k`` copies piece ``k`` of every other rank's chunk in; sync; rank ``r``
   combines piece ``k`` of chunk ``r`` from every slot straight into its output.
-broadcast / scatter / all_gather / gather / all_to_all: writers copy piece ``k`` into their slot
-  (scatter, all_to_all: one region per destination); sync; readers copy it out.  One sync a round, and each
-  round one call (``Arena.move_round``: the C op MOVE where ``_shmfast`` is built, else the same copies around
-  ``Arena.sync``), so a call that fits one piece (a slot; scatter, all_to_all: a slot's ``1/n`` per block) is one
-  round.  A small reduce is a small all_reduce's round whose non-root ranks only copy in (a MOVE round too).
+broadcast / scatter / all_gather / gather / all_to_all: writers copy piece ``k`` into the round's buffer; sync;
+  readers copy it out.  One sync a round, and each round one call (``Arena.move_round``: the C op MOVE where
+  ``_shmfast`` is built, else the same copies around ``Arena.sync``), so a call that fits one piece is one round.
+  Where one rank alone writes (broadcast's and scatter's root) every slot of the round is its room (up to
+  ``LONE_PIECE_BYTES`` per destination); else each rank writes its own slot (all_to_all: in ``n - 1`` parts, one
+  per peer, all ranks' together at most ``ROUND_BYTES``: pieces that stay in cache between copy-in and copy-out).
+  Each byte is copied once in and once out; the root's own chunk, and a rank's block to itself, is one local copy.
+  A small reduce is a small all_reduce's round whose non-root ranks only copy in (a MOVE round too).
 barrier: one sync.
 """
 from __future__ import annotations
@@ -62,11 +65,48 @@ DIRECT_BYTES = 256 << 10
 #: combining it: small enough to stay in cache between the read and the combine, large enough that the
 #: calls' overhead stays small (1 MiB measured best of 256 KiB-2 MiB at 16 MiB, 2 ranks on 2 cores).
 BLOCK_BYTES = 1 << 20
+#: Most ranks for which reduce_scatter, all_gather and gather read peers' inputs in place (``process_vm_readv``, where
+#: the arena agreed every rank can); ``None``: the host's cores (``os.cpu_count()``, the same on every rank).  With more
+#: ranks than cores, copies through the slots were faster.  Measured on 2 cores at 16 MiB float32 (load 1.3-1.7): at 2
+#: ranks in place wins (all_gather 2.8-3.1 ms against 3.3-3.6 through the slots); at 4 ranks the slots win (all_gather
+#: 5.4-5.7 against 7.6-8.5, reduce_scatter 7.0-7.9 against 7.3-8.1).  A cross-memory read moves about 3.6 GB/s here, a
+#: copy through the mapped segment several times that.  (all_reduce reads in place wherever it can: its direct schedule
+#: also serves tensors from heaps, which need no cross-memory read; through slots or in place it measured alike at 4
+#: ranks, 10.3-12.6 ms against 10.2-12.1.)
+READ_IN_PLACE_RANKS: Optional[int] = None
+#: Most bytes a lone writer (broadcast's, scatter's root) puts into one round for each destination.  A round's copy-out
+#: by the peers overlaps the root's copy-in of the next, so a large call wants several rounds; each costs a sync.
+#: Measured on 2 cores at 16 MiB (load 2-3): 1 MiB per destination ran a 2-rank scatter in 0.85-1.4 ms against
+#: 1.4-1.9 ms at 4 MiB; broadcast alike within the noise at 2 and 4 ranks.
+LONE_PIECE_BYTES = 1 << 20
+#: Most bytes all ranks together put into one round's buffer where each writes its own slot (all_to_all): the three
+#: buffers in use then stay in the last-level cache beside the tensors' own streams, so the copy out of a slot reads
+#: cache, not memory.  Measured: a 16 MiB all_to_all at 4 ranks on 2 cores took 5.2-6.3 ms with 256-341 KiB per
+#: block and round against 7.3-8.3 ms with a slot's third (682 KiB); at 2 ranks this is a whole slot.
+ROUND_BYTES = 4 << 20
 
 
 def _piece_bytes(a: shm.Arena, segment_bytes: int) -> int:
     """Bytes a round moves: ``segment_bytes`` within a slot; 0 (no segmenting, as every algorithm reads it): a slot."""
     return a.slot_bytes if segment_bytes <= 0 else min(segment_bytes, a.slot_bytes)
+
+
+def _read_in_place(a: shm.Arena, nbytes: int) -> bool:
+    """Whether a reduce_scatter, all_gather or gather of ``nbytes`` (in all) reads peers' inputs where they lie: the
+    arena agreed every rank can, the call is large (``DIRECT_BYTES``), and the ranks do not outnumber
+    ``READ_IN_PLACE_RANKS`` (the same answer on every rank)."""
+    most = READ_IN_PLACE_RANKS if READ_IN_PLACE_RANKS is not None else (os.cpu_count() or 1)
+    return a.cross_memory and nbytes >= DIRECT_BYTES and a.n <= most
+
+
+def _share(a: shm.Arena, segment_bytes: int, room: int, ways: int, most: int) -> int:
+    """Bytes a round moves to each of ``ways`` destinations that share ``room`` bytes of the round's buffer (a MOVE
+    round's: a slot, or all ``n`` slots where one rank alone writes): an equal part of the room, at most ``most``
+    and ``segment_bytes`` (0: no limit), rounded down to a cache line where it is larger (no two parts share one)."""
+    share = min(room // max(1, ways), most)
+    if segment_bytes > 0:
+        share = min(share, segment_bytes)
+    return max(1, share - share % shm.ALIGN if share >= shm.ALIGN else share)
 
 
 def _average(buf: torch.Tensor, n: int) -> None:
@@ -141,7 +181,7 @@ def _reduce_small(a: shm.Arena, tensor: torch.Tensor, op: str, out_ranks: bool, 
             a.reduce_small_c(tensor, kind, FAST_OPS[op], deadline, what)
             return
     if not out_ranks:  # a reduce's non-root: copy in, sync, nothing out (one C call where built)
-        a.move_round(((tensor.data_ptr(), 0, tensor.nbytes),), (), deadline, what)
+        a.move_round(((tensor.data_ptr(), a.rank * a.slot_bytes, tensor.nbytes),), (), deadline, what)
         return
     k = a.rounds.round
     a.rounds.round += 1
@@ -380,6 +420,7 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     what = f"reduce_scatter (tag {tag})"
+<<<<<<< HEAD
     kind = FAST_KINDS.get(input.dtype)
     if kind is not None and input.nbytes <= min(SMALL_BYTES, a.slot_bytes) and shm.small_round_in_c():
         # Small: the whole input reduced in one C round (the small all_reduce's), then this rank's chunk kept.
@@ -390,6 +431,9 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
         _copy(output.data_ptr(), whole.data_ptr() + r * output.nbytes, output.nbytes)
         return
     if a.cross_memory and input.nbytes >= DIRECT_BYTES:
+=======
+    if _read_in_place(a, input.nbytes):
+>>>>>>> shmlarge
         _reduce_scatter_direct(a, output, input, op, deadline, what)
         return
     dtype = input.dtype
@@ -471,28 +515,38 @@ def broadcast_shm(t: Transport, tensor: torch.Tensor, root: int, *, tag: int, de
     a = shm.arena(t, tag=tag, deadline=deadline)
     r, what = t.rank, f"broadcast (tag {tag})"
     nbytes, address = tensor.nbytes, tensor.data_ptr()  # flat and contiguous: its bytes from its first element's
-    piece = _piece_bytes(a, segment_bytes)
+    piece = _share(a, segment_bytes, a.buffer_bytes, 1, LONE_PIECE_BYTES)  # the root alone writes: any slot is its room
     for lo in range(0, nbytes, piece):
         span = min(nbytes - lo, piece)
         if r == root:
             a.move_round(((address + lo, 0, span),), (), deadline, what)
         else:
-            a.move_round((), ((address + lo, root, 0, span),), deadline, what)
+            a.move_round((), ((address + lo, 0, span),), deadline, what)
 
 
 def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, readers: Sequence[int], tag: int,
             deadline, segment_bytes: int, what: str) -> None:
-    """Every rank's ``input`` (``m`` bytes) into chunk ``rank`` of ``output`` on the ``readers``."""
+    """Every rank's ``input`` (``m`` bytes) into chunk ``rank`` of ``output`` on the ``readers``.
+
+    A rank that both writes and reads (all_gather) in rounds of pieces copies its own chunk out of its slot in each
+    round, where the piece it just copied in is still in cache, not from its input again."""
     n, r = t.size, t.rank
     m, source = input.nbytes, input.data_ptr()
     reads = r in readers
     into = output.data_ptr() if reads else 0
-    if reads:
-        _copy(into + r * m, source, m)
     if n == 1 or m == 0:
+        if reads:
+            _copy(into + r * m, source, m)
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
-    if a.cross_memory and m * n >= DIRECT_BYTES:  # readers copy each peer's input where it lies: no slot
+    writes = not reads or len(readers) > 1  # a lone reader (gather's root) needs no slot of its own
+    direct = _read_in_place(a, m * n)
+    one_c_round = reads and len(readers) == n and m <= a.slot_bytes and shm.small_round_in_c()  # gather_round's
+    rounds = not direct and not one_c_round
+    own = reads and into + r * m != source  # this rank's chunk still to copy (not in place)
+    if own and not (rounds and writes):  # else each round copies it out of this rank's slot
+        _copy(into + r * m, source, m)
+    if direct:  # readers copy each peer's input where it lies: no slot
         out = _bytes(output) if reads else None
         parity, peers = _publish_address(a, _bytes(input), deadline, what)
         if out is not None:
@@ -500,15 +554,16 @@ def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, r
                 _peer_read(a, parity, p, 0, out[p * m:(p + 1) * m], what)
         a.sync(deadline, what)  # no rank changes its input before every reader has it
         return
-    if reads and len(readers) == n and m <= a.slot_bytes and a.gather_round(output, m, deadline, what):
-        return  # one C round: copy in, sync, copy every peer's slot out
-    piece = _piece_bytes(a, segment_bytes)
-    writes = not reads or len(readers) > 1  # a lone reader (gather's root) needs no slot of its own
+    if one_c_round and a.gather_round(output, m, deadline, what):
+        return  # one C round: copy in (from the output's own chunk), sync, copy every peer's slot out
+    piece, slot = _piece_bytes(a, segment_bytes), a.slot_bytes
     peers = [p for p in range(n) if p != r] if reads else []
+    if own and writes:
+        peers.append(r)
     for lo in range(0, m, piece):  # one round a piece: every writer copies in, sync, the readers copy out
         span = min(m - lo, piece)
-        a.move_round(((source + lo, 0, span),) if writes else (),
-                     [(into + p * m + lo, p, 0, span) for p in peers], deadline, what)
+        a.move_round(((source + lo, r * slot, span),) if writes else (),
+                     [(into + p * m + lo, p * slot, span) for p in peers], deadline, what)
 
 
 def all_gather_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, *, tag: int, deadline: Optional[float],
@@ -523,33 +578,57 @@ def gather_shm(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor
     _gather(t, output, input, (root,), tag, deadline, segment_bytes, f"gather (tag {tag})")
 
 
-def scatter_shm(t: Transport, output: torch.Tensor, input: Optional[torch.Tensor], root: int, *, tag: int,
-                deadline: Optional[float], segment_bytes: int) -> None:
-    """Rank ``r``'s ``output`` (``m``) ← chunk ``r`` of ``root``'s ``input`` (``n*m``; ``None`` elsewhere)."""
+def scatter_shm(t: Transport, output: torch.Tensor, input, root: int, *, tag: int, deadline: Optional[float],
+                segment_bytes: int) -> None:
+    """Rank ``r``'s ``output`` (``m``) ← chunk ``r`` of ``root``'s ``input`` (``None`` elsewhere): one flat tensor of
+    ``n*m`` elements, or the ``n`` chunks themselves (contiguous tensors of ``m``; the list form's items, not joined).
+
+    The root alone writes, so a round's whole buffer is its room: piece ``k`` of chunk ``p`` (at most
+    ``LONE_PIECE_BYTES``) goes into part ``p`` of the buffer's ``n - 1`` parts (``_share``); sync; rank ``p`` copies its
+    part out.  The root copies its own chunk
+    last, while its peers copy the last round out.
+    """
     n, r = t.size, t.rank
     m, into = output.nbytes, output.data_ptr()
-    source = input.data_ptr() if r == root else 0
-    if r == root:
-        _copy(into, source + r * m, m)
+    sources = _chunk_addresses(input, n, m) if r == root else ()
     if n == 1 or m == 0:
+        if r == root:
+            _copy(into, sources[r], m)
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
-    piece = max(1, _piece_bytes(a, segment_bytes) // n)
+    piece = _share(a, segment_bytes, a.buffer_bytes, n - 1, LONE_PIECE_BYTES)
     what = f"scatter (tag {tag})"
-    for lo in range(0, m, piece):  # one round a piece: the root copies chunk p's piece into region p of its slot
+
+    def part(p: int) -> int:  # where the root's chunk for rank p goes in the buffer: the parts skip the root
+        return (p if p < root else p - 1) * piece
+
+    mine = part(r)
+    for lo in range(0, m, piece):  # one round a piece: the root copies every chunk's piece into its part, sync, read
         span = min(m - lo, piece)
         if r == root:
-            a.move_round([(source + p * m + lo, p * piece, span) for p in range(n) if p != root], (), deadline, what)
+            a.move_round([(sources[p] + lo, part(p), span) for p in range(n) if p != root], (), deadline, what)
         else:
-            a.move_round((), ((into + lo, root, r * piece, span),), deadline, what)
+            a.move_round((), ((into + lo, mine, span),), deadline, what)
+    if r == root:
+        _copy(into, sources[r], m)
+
+
+def _chunk_addresses(input, n: int, m: int) -> list:
+    """The address of each of the ``n`` chunks (``m`` bytes) of a scatter's ``input``: a flat tensor, or the chunks."""
+    if isinstance(input, torch.Tensor):
+        base = input.data_ptr()
+        return [base + p * m for p in range(n)]
+    return [chunk.data_ptr() for chunk in input]
 
 
 def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_counts: Sequence[int],
                    in_counts: Sequence[int], *, tag: int, deadline: Optional[float], segment_bytes: int) -> None:
     """``in_counts[j]`` elements of ``input`` go to rank ``j``; rank ``j``'s ``out_counts[j]`` land in ``output``.
 
-    Each round every rank writes piece ``k`` of each block into its slot's region for the block's
-    destination; the number of rounds is agreed at the first sync (the largest block of any rank).
+    Each round every rank writes piece ``k`` of each block for a peer into that peer's part of its own slot (the
+    slot in ``n - 1`` parts, all ranks' together at most ``ROUND_BYTES``: ``_share``); sync; every rank copies its
+    part of each peer's slot out.  The number of
+    rounds is agreed at the first sync (the largest block of any rank); the block to itself is one local copy.
     """
     n, r, es = t.size, t.rank, input.element_size()
     if out_counts[r] != in_counts[r]:
@@ -574,14 +653,18 @@ def all_to_all_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, out_
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     what = f"all_to_all (tag {tag})"
-    piece = max(1, _piece_bytes(a, segment_bytes) // n)
+    slot = a.slot_bytes
+    piece = _share(a, segment_bytes, slot, n - 1, ROUND_BYTES // (n * (n - 1)))
+    # Rank i's block for rank j lies in part (j if j < i else j - 1) of i's slot: n - 1 parts, none for itself.
+    sends = [(at, r * slot + (j if j < r else j - 1) * piece, size) for j, at, size in sends]
+    receives = [(at, j * slot + (r if r < j else r - 1) * piece, size) for j, at, size in receives]
     parity = a.begin()
     a.publish(parity, 0, most)
     rounds, k = 1, 0
     while k < rounds:  # one round a piece of every block: copy in, sync, copy out (small calls: one round)
         lo = k * piece
-        a.move_round([(source + at + lo, j * piece, min(piece, size - lo)) for j, at, size in sends if size > lo],
-                     [(into + at + lo, j, r * piece, min(piece, size - lo)) for j, at, size in receives if size > lo],
+        a.move_round([(source + at + lo, part, min(piece, size - lo)) for at, part, size in sends if size > lo],
+                     [(into + at + lo, part, min(piece, size - lo)) for at, part, size in receives if size > lo],
                      deadline, what)
         if k == 0:
             rounds = max(1, -(-max(a.peer_word(parity, p, 0) for p in range(n)) // piece))

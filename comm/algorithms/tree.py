@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ...ops.flatten import joined
 from ...ops.reduce import KERNELS, finalize_
 from ..transport import Request, Transport
 
@@ -374,19 +375,20 @@ def _gather(t: Transport, out: Optional[torch.Tensor], inp: torch.Tensor, root: 
 def scatter_tree(
     t: Transport,
     output: torch.Tensor,
-    input: Optional[torch.Tensor],
+    input,
     root: int,
     *,
     tag: int,
     deadline: Optional[float],
     segment_bytes: int,
 ) -> None:
-    """Send chunk ``r`` of ``root``'s ``input`` (``n * m``; ``None`` elsewhere) to rank ``r``'s ``output`` (``m``).
+    """Send chunk ``r`` of ``root``'s ``input`` (``n * m``, or its ``n`` chunks; ``None`` elsewhere) to rank ``r``'s
+    ``output`` (``m``).
 
     Each rank receives its whole subtree's blocks from its parent and passes the children theirs.
     """
     out = output
-    inp = input if t.rank == root else None
+    inp = joined(input) if t.rank == root else None
     _scatter(t, out, inp, root, tag, deadline, segment_bytes)
 
 

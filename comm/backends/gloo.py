@@ -20,6 +20,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as td
 
+from ...ops.flatten import as_chunks
 from ...ops.reduce import finalize_
 from ..environment import gloo_socket_interfaces
 from ..transport import Backend, PeerFailure, Request, members_arrive
@@ -401,7 +402,7 @@ class GlooBackend(Backend):
             return
         opts = _C.ScatterOptions()
         opts.rootRank = root
-        inputs = [list(input.chunk(self.size))] if self.rank == root else []
+        inputs = [as_chunks(input, self.size)] if self.rank == root else []
         _wait_until(self.pg.scatter([output], inputs, opts), "gloo scatter", deadline)
 
     def reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:
@@ -470,7 +471,7 @@ class GlooBackend(Backend):
             return None, None
         opts = _C.ScatterOptions()
         opts.rootRank = root
-        inputs = [list(input.chunk(self.size))] if self.rank == root else []
+        inputs = [as_chunks(input, self.size)] if self.rank == root else []
         return GlooRequest(self.pg.scatter([output], inputs, opts), "gloo scatter", (output, inputs)), None
 
     def issue_reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> tuple:

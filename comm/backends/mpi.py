@@ -52,6 +52,7 @@ from typing import Dict, List, NoReturn, Optional, Sequence
 
 import torch
 
+from ...ops.flatten import joined
 from ...ops.reduce import finalize_, reduce_
 from ..errors import UnsupportedError
 from ..transport import Backend, PeerFailure, Request, members_arrive
@@ -506,6 +507,7 @@ class MpiBackend(Backend):
         m = output.numel()
         if m == 0:
             return
+        input = joined(input) if self.rank == root else None  # its chunks as one buffer, kept until MPI is done
         send = self._buffer(input, count=m) if self.rank == root else None
         _wait(self.comm.Iscatter(send, self._buffer(output), root=root), "MPI Iscatter", deadline, None,
               self._orphans, (output, input))

@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as td
 
+from ...ops.flatten import as_chunks
 from ...ops.reduce import finalize_
 from ..environment import gloo_socket_interfaces
 from ..errors import UnsupportedError
@@ -220,7 +221,7 @@ class NcclBackend(Backend):
             return
         opts = td.ScatterOptions()
         opts.rootRank = root
-        inputs = [list(self._movable(input).chunk(self.size))] if self.rank == root else []
+        inputs = [[self._movable(chunk) for chunk in as_chunks(input, self.size)]] if self.rank == root else []
         self.pg.scatter([self._movable(output)], inputs, opts).wait()
 
     def reduce_scatter(self, output, input, op, *, tag, deadline, segment_bytes) -> None:

@@ -110,6 +110,44 @@ def test_data_movement_every_world_size(n):
     checks.check_barrier(fn("barrier"), n)
 
 
+@pytest.mark.parametrize("lone", ["default", "whole buffer"])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_large_movement_in_many_rounds(n, lone, monkeypatch):
+    """Messages larger than a round's buffer, in many rounds whose last piece is short: broadcast and scatter (a lone
+    writer's pieces, also as large as the whole buffer, so that a part spans slots), all_to_all (a peer's part of a
+    slot); every root, scatter from a flat tensor and from the list form's chunks, segments of 0 (no limit), the
+    default and an odd size; bit for bit against the inputs."""
+    buffer = n * shm.SLOT_BYTES
+    if lone == "whole buffer":
+        monkeypatch.setattr(shm_schedules, "LONE_PIECE_BYTES", buffer)
+    m = buffer // 4 + 1000 + n  # float32 elements a rank receives: more than a buffer's bytes, not a round multiple
+    for segment in (0, 4 << 20, 1 << 20 | 24):
+        for root in {0, n - 1}:
+            def body(t):
+                r, kw = t.rank, dict(tag=7, deadline=checks.deadline(), segment_bytes=segment)
+                x = _random_bytes(root, 1, m, torch.float32) if r == root else torch.zeros(m)
+                fn("broadcast")(t, x, root, **kw)
+                whole = _random_bytes(root, 2, n * m, torch.float32) if r == root else None
+                flat_part, list_part = torch.zeros(m), torch.zeros(m)
+                fn("scatter")(t, flat_part, whole, root, **kw)
+                fn("scatter")(t, list_part, tuple(whole.chunk(n)) if r == root else None, root, **kw)
+                return x, flat_part, list_part
+
+            whole = _random_bytes(root, 2, n * m, torch.float32)
+            for r, (x, flat_part, list_part) in enumerate(run_ranks(n, body, timeout_s=60)):
+                what = f"n={n} m={m} root={root} segment={segment}: rank {r}"
+                _same_bits(x, _random_bytes(root, 1, m, torch.float32), f"broadcast {what}")
+                _same_bits(flat_part, whole[r * m:(r + 1) * m], f"scatter {what}")
+                _same_bits(list_part, whole[r * m:(r + 1) * m], f"scatter from chunks {what}")
+        if lone != "default":  # all_to_all's pieces are a slot's parts: LONE_PIECE_BYTES is not theirs
+            continue
+        block = shm.SLOT_BYTES // 4 + 333  # elements: a block is more than a slot, in several pieces
+        even = [[block] * n for _ in range(n)]
+        uneven = [[(block * (1 + (i + j) % 3)) // 2 + i for j in range(n)] for i in range(n)]
+        for counts in (even, uneven):
+            checks.check_all_to_all(fn("all_to_all"), counts, torch.float32, segment)
+
+
 def _random_bytes(rank: int, salt: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """``numel`` elements of ``dtype`` made of random bytes (NaN payloads, subnormals, -0.0: every bit pattern a copy
     must keep); bool gets 0/1 bytes, the only ones it holds."""
@@ -204,21 +242,22 @@ def test_small_reduce_and_barrier_both_ways(n, path, monkeypatch):
 
 
 def test_move_rounds_refuse_copies_outside_a_slot():
-    """A MOVE round whose copy would leave a slot raises ``ValueError`` before any byte moves: in Python
+    """A MOVE round whose copy would leave the round's slots raises ``ValueError`` before any byte moves: in Python
     (``Arena.move_round``) and in C (``_shmfast``'s own check, for callers of ``combine``)."""
     def body(t):
         a = shm.arena(t, tag=1, deadline=checks.deadline())
         step, round_ = a.rounds.step, a.rounds.round
         x = torch.zeros(4, dtype=torch.uint8)
         refusals = []
-        for ins, outs in ((((x.data_ptr(), a.slot_bytes - 2, 4),), ()), ((), ((x.data_ptr(), 0, a.slot_bytes, 1),)),
-                          ((), ((x.data_ptr(), t.size, 0, 4),))):
-            with pytest.raises(ValueError, match="slot"):
+        end = a.buffer_bytes
+        for ins, outs in ((((x.data_ptr(), end - 2, 4),), ()), ((), ((x.data_ptr(), end, 1),)),
+                          ((), ((x.data_ptr(), -1, 4),))):
+            with pytest.raises(ValueError, match="slots"):
                 a.move_round(ins, outs, checks.deadline(), "test")
             refusals.append((a.rounds.step, a.rounds.round) == (step, round_))  # nothing arrived, no round used
         if shm._shmfast is not None:
             from array import array
-            words = array("q", (0, 1, x.data_ptr(), t.size, 0, 4))
+            words = array("q", (0, 1, x.data_ptr(), end - 2, 4))
             with pytest.raises(ValueError, match="slots"):
                 shm._shmfast.combine(a._base, shm.LINE, a.n, a.rank, a._buffers, a.slot_bytes, 0,
                                      words.buffer_info()[0], 0, 4, 9, -1, 0)
@@ -289,6 +328,7 @@ def test_reduce_scatter_and_gathers_read_peers_inputs_where_they_lie(monkeypatch
     """The direct schedules of reduce_scatter, all_gather and gather (every size counts as large here,
     in blocks far smaller than a chunk): every (dtype, op) cell, uneven chunk sizes, in place and not."""
     monkeypatch.setattr(shm_schedules, "DIRECT_BYTES", 1)
+    monkeypatch.setattr(shm_schedules, "READ_IN_PLACE_RANKS", 64)  # at every world size, not only up to the cores
     monkeypatch.setattr(shm_schedules, "BLOCK_BYTES", 1000)
     if not _cross_memory_works():
         pytest.skip("this kernel refuses process_vm_readv between the test's ranks: only the slot schedules run")
@@ -301,6 +341,25 @@ def test_reduce_scatter_and_gathers_read_peers_inputs_where_they_lie(monkeypatch
             checks.check_all_gather(fn("all_gather"), n, numel, dtype, SMALL_SEGMENT)
             checks.check_all_gather(fn("all_gather"), n, numel, dtype, SMALL_SEGMENT, in_place=True)
             checks.check_gather(fn("gather"), n, numel, dtype, n - 1, SMALL_SEGMENT)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_gathers_read_in_place_by_default_only_where_ranks_have_cores(monkeypatch, n):
+    """``READ_IN_PLACE_RANKS = None`` (the default): a large all_gather reads peers' inputs in place only where the
+    ranks do not outnumber the host's cores, else it goes through the slots; the result is the same either way."""
+    if not _cross_memory_works():
+        pytest.skip("this kernel refuses process_vm_readv between the test's ranks: only the slot schedules run")
+    monkeypatch.setattr(shm_schedules, "READ_IN_PLACE_RANKS", None)
+    monkeypatch.setattr(shm_schedules.os, "cpu_count", lambda: 2)
+    real, reads = shm_schedules._peer_read, []
+
+    def counted(*args):  # the ranks are threads of this process: one count for all
+        reads.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(shm_schedules, "_peer_read", counted)
+    checks.check_all_gather(fn("all_gather"), n, shm_schedules.DIRECT_BYTES // 2, torch.float32, 0)
+    assert bool(reads) == (n <= 2), (n, len(reads))
 
 
 def test_small_all_reduce_views_follow_the_memory():

@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from zerocomm.ops.flatten import flatten_tensors, total_numel, unflatten_into, views_into
+from zerocomm.ops.flatten import as_chunks, flatten_tensors, joined, total_numel, unflatten_into, views_into
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 LENGTHS = [0, 1, 7, 8, 9, 1023]
@@ -124,3 +124,15 @@ def test_round_trip_random_layouts(seed):
     assert torch.all(flat[total:] == 0)
     for v, t in zip(views_into(flat, shapes), tensors):
         assert torch.equal(v, t)
+
+
+def test_joined_and_as_chunks_of_a_scatter_input():
+    """A scatter's root input as either form: a flat tensor or its chunks (the list form's items, not joined)."""
+    chunks = (torch.arange(3.0), torch.arange(3.0, 6.0), torch.arange(6.0, 9.0))
+    flat = torch.arange(9.0)
+    assert torch.equal(joined(chunks), flat) and joined(flat) is flat  # a tensor is not copied
+    assert [c.data_ptr() for c in as_chunks(chunks, 3)] == [c.data_ptr() for c in chunks]  # the items as they lie
+    views = as_chunks(flat, 3)
+    assert [v.tolist() for v in views] == [c.tolist() for c in chunks]
+    assert views[1].data_ptr() == flat.data_ptr() + 3 * flat.element_size()  # views, not copies
+    assert joined([torch.zeros(0), torch.zeros(0)]).numel() == 0
