@@ -30,12 +30,12 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from ..ops.flatten import pack, unpacker
 from . import check, select, torch_events
 from .algorithms import ALGORITHM_CHOICES, ALGORITHMS
 from .algorithms.shm import FAST_KINDS, FAST_OPS
 from .errors import InvalidArgumentError
 from .group import WORLD, Group
-from .packing import pack, unpacker
 from .topology import HOST_ENV
 
 _profiling = torch.autograd._profiler_enabled

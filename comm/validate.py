@@ -18,13 +18,13 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as _td
 
+from ..ops.flatten import pack, unpacker
 from ..ops.onebit import ErrorFeedback
 from . import select
 from .algorithms import ALGORITHM_NAMES, COMPRESSED, sub_algorithm
 from .algorithms.compressed import SUB_COLLECTIVES
 from .errors import InvalidArgumentError, UnsupportedError
 from .group import NON_GROUP_MEMBER, WORLD, Group
-from .packing import pack, unpacker
 from .plan import Call, Plan, plan_for, special_plan  # noqa: F401  (Call: the record, re-exported)
 from .reduce_op import OP_NAMES, SUPPORTED_DTYPES, ReduceOp, for_dtype, op_name
 from .sparse import all_reduce_sparse

@@ -7,16 +7,25 @@ after the other with no gaps, then zero padding at the end.  ``views_into`` and
 ``unflatten_into`` read that layout back, so the three functions agree as long
 as the caller passes the tensors (or their shapes) in the same order.
 
+``pack`` and ``unpacker`` do the same for a list form's arguments (a gather's list, a scatter's): the list's
+items end to end in one buffer, and the buffer's pieces back into the items, by address on the host.
+
 Local kernels only: nothing here communicates.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Iterable, Sequence
+from functools import partial
+from typing import Callable, Optional
 
 import torch
 
-__all__ = ["total_numel", "flatten_tensors", "views_into", "unflatten_into", "joined", "as_chunks"]
+_memmove = ctypes.memmove
+
+__all__ = ["total_numel", "flatten_tensors", "views_into", "unflatten_into", "joined", "as_chunks", "pack",
+           "unpacker"]
 
 def _shape_numel(item: object, index: int) -> int:
     """Number of elements of one tensor, shape (sequence of ints) or plain length."""
@@ -176,14 +185,63 @@ def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
 
 
 def joined(chunks) -> torch.Tensor:
-    """One flat tensor of ``chunks``: a tensor as it is, a sequence of contiguous 1-D tensors concatenated (a copy).
+    """One flat tensor of ``chunks``: a tensor as it is, a non-empty sequence of 1-D tensors end to end (:func:`pack`).
 
     A scatter's root input travels as its list of chunks where the algorithm reads them where they lie (gloo's own
     scatter, shared memory); an algorithm that sends one flat buffer joins them here.
     """
     if isinstance(chunks, torch.Tensor):
         return chunks
-    return torch.cat(list(chunks))
+    return pack(chunks, chunks[0].dtype, chunks[0].device)
+
+
+def pack(items: Sequence[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One flat tensor of ``items`` (of ``dtype``, on ``device``) end to end, in order: a list form's arguments as
+    the one buffer its algorithm moves.  Host items that are contiguous are copied by address (``memmove``):
+    torch's ``cat`` costs a few microseconds per call and item on the small tensors such lists hold, more than a
+    whole collective on shared memory.  CUDA items and strided ones take torch's copies."""
+    if not _by_address(items, device):
+        return torch.cat([item.reshape(-1) for item in items]) if items else torch.empty(0, dtype=dtype, device=device)
+    flat = torch.empty(sum(item.numel() for item in items), dtype=dtype)
+    into = flat.data_ptr()
+    for item in items:
+        nbytes = item.nbytes
+        if nbytes:
+            _memmove(into, item.data_ptr(), nbytes)
+            into += nbytes
+    return flat
+
+
+def unpacker(flat: torch.Tensor, items: Sequence[torch.Tensor]) -> Optional[Callable[[], None]]:
+    """What copies ``flat``'s consecutive pieces back into ``items`` (each piece its item's size, in order) once a
+    collective wrote ``flat``: a function of no arguments (``plan.Call.copy_out``), or ``None`` where nothing is
+    copied.  By address on the host where every item is contiguous (as :func:`pack`), else torch's copies."""
+    if not _by_address(items, flat.device):
+        pairs = tuple((piece, item) for piece, item in zip(flat.split([item.numel() for item in items]), items)
+                      if item.numel())
+        return partial(_copies, pairs) if pairs else None
+    moves = []
+    source = flat.data_ptr()
+    for item in items:
+        nbytes = item.nbytes
+        if nbytes:
+            moves.append((item.data_ptr(), source, nbytes))
+            source += nbytes
+    return partial(_moves, tuple(moves), flat) if moves else None
+
+
+def _by_address(items: Sequence[torch.Tensor], device: torch.device) -> bool:
+    return device.type == "cpu" and all(item.is_contiguous() for item in items)
+
+
+def _moves(moves: tuple, flat: torch.Tensor) -> None:  # ``flat``: held while its addresses are in ``moves``
+    for into, source, nbytes in moves:
+        _memmove(into, source, nbytes)
+
+
+def _copies(pairs: tuple) -> None:
+    for source, destination in pairs:
+        destination.copy_(source.view(destination.shape))
 
 
 def as_chunks(chunks, n: int) -> list:

@@ -215,7 +215,7 @@ def test_integrations_use_only_the_public_comm_and_zero_api(path):
 #: (``Transport.on_close``); ``topology`` is handed its all_gather; ``bootstrap`` (the rendezvous) needs only
 #: the backends.
 FLOORS = (
-    ("base", {"errors", "environment", "best_effort", "reduce_op", "slurm", "torch_events", "packing"}),
+    ("base", {"errors", "environment", "best_effort", "reduce_op", "slurm", "torch_events"}),
     ("transport", {"transport", "work"}),
     ("backends", {"backends", "backends.gloo", "backends.gloo_exits", "backends.mpi", "backends.mpi_start",
                   "backends.nccl"}),

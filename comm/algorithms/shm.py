@@ -420,7 +420,6 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
         return
     a = shm.arena(t, tag=tag, deadline=deadline)
     what = f"reduce_scatter (tag {tag})"
-<<<<<<< HEAD
     kind = FAST_KINDS.get(input.dtype)
     if kind is not None and input.nbytes <= min(SMALL_BYTES, a.slot_bytes) and shm.small_round_in_c():
         # Small: the whole input reduced in one C round (the small all_reduce's), then this rank's chunk kept.
@@ -430,10 +429,7 @@ def reduce_scatter_shm(t: Transport, output: torch.Tensor, input: torch.Tensor, 
         a.reduce_small_c(whole, kind, FAST_OPS[op], deadline, what)
         _copy(output.data_ptr(), whole.data_ptr() + r * output.nbytes, output.nbytes)
         return
-    if a.cross_memory and input.nbytes >= DIRECT_BYTES:
-=======
     if _read_in_place(a, input.nbytes):
->>>>>>> shmlarge
         _reduce_scatter_direct(a, output, input, op, deadline, what)
         return
     dtype = input.dtype

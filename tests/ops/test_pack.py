@@ -1,10 +1,10 @@
-"""comm/packing.py: a list form's items packed into one flat buffer and copied back, by address on the host,
-against torch's own ``cat`` and ``split`` (the reference), for every dtype, empty and uneven items, and items that
-are not contiguous (which take torch's copies)."""
+"""ops/flatten.py's pack and unpacker: a list form's items packed into one flat buffer and copied back, by address
+on the host, against torch's own ``cat`` and ``split`` (the reference), for every dtype, empty and uneven items, and
+items that are not contiguous (which take torch's copies); and joined, a scatter's chunks as one buffer."""
 import pytest
 import torch
 
-from zerocomm.comm.packing import pack, unpacker
+from zerocomm.ops.flatten import pack, unpacker
 from zerocomm.comm.reduce_op import SUPPORTED_DTYPES
 
 SIZES = ([3, 3, 3], [0, 5, 1, 0], [0, 0], [], [1])
@@ -38,3 +38,11 @@ def test_pack_is_cat_and_the_unpacker_is_split(dtype, sizes, strided):
     copy()
     for piece, out in zip(source.split(list(sizes)), outputs):
         assert torch.equal(out, piece)
+
+
+def test_joined_is_cat_of_the_chunks_and_a_tensor_as_it_is():
+    from zerocomm.ops.flatten import joined
+    chunks = [torch.arange(3.0), torch.arange(3.0, 5.0), torch.zeros(0)]
+    assert torch.equal(joined(chunks), torch.cat(chunks))
+    flat = torch.arange(4.0)
+    assert joined(flat) is flat
