@@ -392,6 +392,8 @@ static PyObject *rounds_check(Rounds *self, PyObject *const *args, Py_ssize_t na
     long long c[7];
     if (ints(args, nargs, 7, c, "check") < 0)
         return NULL;
+    if (c[6] == MOVE && move_valid((const int64_t *)(intptr_t)c[3], self->n, self->slot_bytes) < 0)
+        return NULL;  /* before the counters move: a refused round leaves every rank in step */
     long long *a = self->last;
     long long k = self->round;
     self->round = k + 1;

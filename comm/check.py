@@ -28,7 +28,8 @@ The checkers, one per place a group's ranks can meet:
   all_reduce (at most ``RIDE_BYTES``, a dtype and op the C round reduces: the plan's ``ride``) of "shm"
   (whose small all_reduce is that round) or "native", or at two ranks of any algorithm whose bits the round
   reproduces, rides in that round and is done by it; at more ranks a ridden "native" call's result can
-  differ from the backend's own in the last bit (another order of summation), the same on every rank.
+  differ from the backend's own in the last bit (another order of summation), the same on every rank.  So
+  does a small "shm" call of the other collectives (``algorithms.shm.ROUND_COPIES``): its one round of copies.
 * :meth:`~MismatchCheck.in_first_sync` -- an "shm" call on such a group: armed here, compared in the call's
   own first sync (no round of its own); :meth:`~MismatchCheck.settle` after the call runs it if the call
   never synced.
@@ -307,9 +308,16 @@ class MismatchCheck:
             ride = call.ride
             if shm.FAST_ROUNDS:  # the round and its digest in one C call (Arena.checked_round, without its frame)
                 numel = call.numel
-                answer = (arena.rounds.check(tag, numel, call.check[0], 0, 0, 0, 0) if ride is None
-                          else arena.rounds.check(tag, numel, call.check[0], call.args[0].data_ptr(), numel, ride[0],
-                                                  ride[1]))
+                if ride is None:
+                    answer = arena.rounds.check(tag, numel, call.check[0], 0, 0, 0, 0)
+                else:
+                    copies = None if ride[3] is None else ride[3](arena, call.args)
+                    if copies is None:  # an all_reduce (or a reduce's root): the round reduces its tensor
+                        answer = arena.rounds.check(tag, numel, call.check[0], call.args[0].data_ptr(), numel,
+                                                    ride[0], ride[1])
+                    else:  # a small data movement: the round's copies (kept alive here until it settled)
+                        copies = arena.move_words(*copies)
+                        answer = arena.rounds.check(tag, numel, call.check[0], copies.buffer_info()[0], 0, 4, 9)
                 if answer:
                     arena.settle_check(answer, deadline)
                 return ride is not None

@@ -33,7 +33,7 @@ import torch
 from ..ops.flatten import pack, unpacker
 from . import check, select, torch_events
 from .algorithms import ALGORITHM_CHOICES, ALGORITHMS
-from .algorithms.shm import FAST_KINDS, FAST_OPS
+from .algorithms.shm import FAST_KINDS, FAST_OPS, ROUND_COPIES
 from .errors import InvalidArgumentError
 from .group import WORLD, Group
 from .topology import HOST_ENV
@@ -82,8 +82,9 @@ class Call(NamedTuple):
     check: tuple = (0, ())
     """``(hash of the cell, cell)``: what the checker compares besides the tag and ``numel``."""
     ride: Optional[tuple] = None
-    """``(C kind, C op, the group's segment checker)`` when the call's all_reduce rides in its check's segment round
-    (``MismatchCheck.in_segment``)."""
+    """``(C kind, C op, the group's segment checker, copies)`` when the call rides in its check's segment round
+    (``MismatchCheck.in_segment``): an all_reduce (``copies`` ``None``), or a small data movement whose round's copies
+    ``copies(arena, args)`` gives (``algorithms.shm.ROUND_COPIES``)."""
     issue: Optional[Callable[..., tuple]] = None
     """The backend's asynchronous form of ``function`` (``Backend.ISSUE``), or ``None``: an ``async_op`` call
     issued while nothing of its group is queued is posted with it directly (``Group.run``)."""
@@ -103,9 +104,9 @@ class Row:
     check: tuple
     """``(hash of the cell, cell)``: what the checker compares besides the tag and ``numel``."""
     ride: Optional[tuple]
-    """``(C kind, C op, checker)`` if a call of at most ``check.RIDE_BYTES`` rides in the check's segment round (such a
-    call is checked by ``checker``, the group's ``MismatchCheck.in_segment``, whatever the row's checker: an "shm"
-    row's small all_reduce too, whose one round is the check's)."""
+    """``(C kind, C op, checker, copies)`` if a call of at most ``check.RIDE_BYTES`` rides in the check's segment round
+    (such a call is checked by ``checker``, the group's ``MismatchCheck.in_segment``, whatever the row's checker: an
+    "shm" row's small call too, whose one round is the check's; ``copies``: as ``Call.ride``'s)."""
     issue: Optional[Callable[..., tuple]] = None
     """``Backend.ISSUE``'s form of ``function`` (a native collective the backend runs asynchronously by itself)."""
 
@@ -459,10 +460,15 @@ def _rows(group: Group, collective: str, dtype: torch.dtype, op: Optional[str], 
         if any_size and checker is not None:  # an all_to_all whose ranks' splits may differ: they must agree
             checker = group.check.with_splits(checker)
         ride = None
-        if group.check.rides_in_segment(checker) and collective == "all_reduce" \
-                and group.on_cpu and dtype in FAST_KINDS and op in FAST_OPS \
+        if not group.check.rides_in_segment(checker) or not group.on_cpu or any_size:
+            pass  # (a call whose size may differ between ranks could ride on one rank and not on another)
+        elif collective == "all_reduce" and dtype in FAST_KINDS and op in FAST_OPS \
                 and (algorithm in _SAME_BITS or (group.size() == 2 and algorithm in _SAME_BITS_AT_TWO)):
-            ride = (FAST_KINDS[dtype], FAST_OPS[op], group.check.in_segment)
+            ride = (FAST_KINDS[dtype], FAST_OPS[op], group.check.in_segment, None)
+        elif algorithm == "shm" and collective in ROUND_COPIES \
+                and (collective != "reduce" or (dtype in FAST_KINDS and op in FAST_OPS)):
+            # Its small call is one round of copies (a reduce's root: the small all_reduce's round): the check's.
+            ride = (FAST_KINDS.get(dtype, 4), FAST_OPS.get(op, 9), group.check.in_segment, ROUND_COPIES[collective])
         rows.append(Row(most_bytes=most_bytes, algorithm=algorithm, function=function, checker=checker,
                         check=(hash(cell), cell), ride=ride, issue=group.issuers.get(function)))
     if select.log.isEnabledFor(10):  # once per cell: its plan

@@ -544,17 +544,13 @@ class Arena:
         all_to_all and the non-root side of a small reduce.  One C call (``_shmfast`` op MOVE) where built; else the
         same copies (``ctypes.memmove``) around :meth:`sync`.  ``ValueError`` before any byte moves if a copy does not
         lie within the buffer."""
-        for entries in (ins, outs):
+        for entries in (ins, outs):  # before the round's counters move (C checks them again)
             for _, offset, nbytes in entries:
                 if offset < 0 or nbytes < 0 or offset + nbytes > self.buffer_bytes:
                     raise ValueError(f"{what}: {nbytes} bytes at offset {offset} do not lie within a round's slots "
                                      f"({self.n} of {self.slot_bytes} bytes)")
         if _shmfast is not None:
-            words = array("q", (len(ins), len(outs)))
-            for entry in ins:  # a loop of extends: faster than one chained extend for the few entries a round has
-                words.extend(entry)
-            for entry in outs:
-                words.extend(entry)
+            words = self.move_words(ins, outs)
             self._slot_round(words.buffer_info()[0], 0, 4, 9, deadline, what)  # kind 4 (bytes), op 9 (MOVE)
             return
         k = self.rounds.round
@@ -567,6 +563,18 @@ class Arena:
         for address, offset, nbytes in outs:
             if nbytes:
                 ctypes.memmove(address, buffer + offset, nbytes)
+
+    @staticmethod
+    def move_words(ins: Sequence[tuple], outs: Sequence[tuple]) -> array:
+        """The copies of a MOVE round (:meth:`move_round`'s ``ins`` and ``outs``) as ``_shmfast``'s int64 words:
+        ``len(ins), len(outs)``, then each entry's three numbers.  The C round (``post``, ``Rounds.check``) refuses
+        (``ValueError``) a copy that does not lie within the round's buffer before its counters move or a byte does."""
+        words = array("q", (len(ins), len(outs)))
+        for entry in ins:  # a loop of extends: faster than one chained extend for the few entries a round has
+            words.extend(entry)
+        for entry in outs:
+            words.extend(entry)
+        return words
 
     def _slot_round(self, address: int, nelem: int, kind: int, op: int, deadline: Optional[float], what: str) -> None:
         """One C round through the slots of the next buffer: ``nelem`` elements of C ``kind`` at ``address``, combined

@@ -231,7 +231,8 @@ def unpacker(flat: torch.Tensor, items: Sequence[torch.Tensor]) -> Optional[Call
 
 
 def _by_address(items: Sequence[torch.Tensor], device: torch.device) -> bool:
-    return device.type == "cpu" and all(item.is_contiguous() for item in items)
+    # A tensor that requires grad takes torch's copy: autograd's rules (an in-place write into a leaf is refused).
+    return device.type == "cpu" and all(item.is_contiguous() and not item.requires_grad for item in items)
 
 
 def _moves(moves: tuple, flat: torch.Tensor) -> None:  # ``flat``: held while its addresses are in ``moves``

@@ -513,11 +513,12 @@ def broadcast_shm(t: Transport, tensor: torch.Tensor, root: int, *, tag: int, de
     nbytes, address = tensor.nbytes, tensor.data_ptr()  # flat and contiguous: its bytes from its first element's
     piece = _share(a, segment_bytes, a.buffer_bytes, 1, LONE_PIECE_BYTES)  # the root alone writes: any slot is its room
     for lo in range(0, nbytes, piece):
-        span = min(nbytes - lo, piece)
-        if r == root:
-            a.move_round(((address + lo, 0, span),), (), deadline, what)
-        else:
-            a.move_round((), ((address + lo, 0, span),), deadline, what)
+        a.move_round(*_broadcast_copies(r == root, address + lo, min(nbytes - lo, piece)), deadline, what)
+
+
+def _broadcast_copies(writes: bool, address: int, nbytes: int) -> tuple:
+    """A broadcast round's copies: the root's ``nbytes`` at ``address`` into the buffer's start, the others' out."""
+    return (((address, 0, nbytes),), ()) if writes else ((), ((address, 0, nbytes),))
 
 
 def _gather(t: Transport, output: Optional[torch.Tensor], input: torch.Tensor, readers: Sequence[int], tag: int,
@@ -671,3 +672,74 @@ def barrier_shm(t: Transport, *, tag: int, deadline: Optional[float], segment_by
     """Return once every rank has entered: one sync through the step words."""
     if t.size > 1:
         shm.arena(t, tag=tag, deadline=deadline).sync(deadline, f"barrier (tag {tag})")
+
+
+# -- a small call in its check's round ----------------------------------------------------------------------------
+# A small call of these collectives (at most the check's ``RIDE_BYTES``) is one round of copies (a MOVE round), and on
+# a group checked in the segment that round is the check's own: ``MismatchCheck.in_segment`` hands the round's copies,
+# made here, to the C round that compares the digests (``Rounds.check``), so the call is one C call after its plan,
+# as a small all_reduce is.  Each function gives ``(ins, outs)`` of ``Arena.move_round`` for the call's arguments
+# (``Call.args``, as the collective's schedule above gets them) on arena ``a``, or ``None`` where the round
+# reduces instead (a reduce's root: the small all_reduce's round, into its tensor).  Every copy fits the round's
+# buffer at these sizes; a rank reads only what it or a peer wrote in the same round.
+
+def _broadcast_round(a: shm.Arena, args: tuple):
+    tensor, root = args
+    return _broadcast_copies(a.rank == root, tensor.data_ptr(), tensor.nbytes)
+
+
+def _scatter_round(a: shm.Arena, args: tuple):
+    """The root writes chunk ``p`` at ``p * m`` (its own too: no copy before the round's check); each rank reads
+    its own."""
+    output, input, root = args
+    r, m, n = a.rank, output.nbytes, a.n
+    outs = ((output.data_ptr(), r * m, m),)
+    if r != root:
+        return (), outs
+    return [(address, p * m, m) for p, address in enumerate(_chunk_addresses(input, n, m))], outs
+
+
+def _gather_round(a: shm.Arena, args: tuple, everyone: bool):
+    """Every rank writes its input into its slot (a gather's root too); the readers copy every slot out."""
+    output, input = args[0], args[1]
+    r, m, slot = a.rank, input.nbytes, a.slot_bytes
+    ins = ((input.data_ptr(), r * slot, m),)
+    if not everyone and r != args[2]:
+        return ins, ()
+    into = output.data_ptr()
+    return ins, [(into + p * m, p * slot, m) for p in range(a.n)]
+
+
+def _all_to_all_round(a: shm.Arena, args: tuple):
+    """Even splits (every block ``m`` bytes): rank ``i``'s block for ``j`` at part ``j`` of ``i``'s slot (``n``
+    parts), its own block too; every rank copies its part of every slot out."""
+    output, input = args[0], args[1]
+    r, n, slot = a.rank, a.n, a.slot_bytes
+    m, part = input.nbytes // n, slot // n
+    source, into = input.data_ptr(), output.data_ptr()
+    return ([(source + j * m, r * slot + j * part, m) for j in range(n)],
+            [(into + j * m, j * slot + r * part, m) for j in range(n)])
+
+
+def _reduce_round(a: shm.Arena, args: tuple):
+    """The root reduces (the small all_reduce's round); the others copy in, as ``_reduce_small`` has them."""
+    tensor, _, root = args
+    if a.rank == root:
+        return None
+    return ((tensor.data_ptr(), a.rank * a.slot_bytes, tensor.nbytes),), ()
+
+
+def _barrier_round(a: shm.Arena, args: tuple):
+    return (), ()
+
+
+#: The collectives whose small calls ride in the check's round, and the copies of that round.
+ROUND_COPIES = {
+    "broadcast": _broadcast_round,
+    "scatter": _scatter_round,
+    "gather": lambda a, args: _gather_round(a, args, False),
+    "all_gather": lambda a, args: _gather_round(a, args, True),
+    "all_to_all": _all_to_all_round,
+    "reduce": _reduce_round,
+    "barrier": _barrier_round,
+}

@@ -46,3 +46,12 @@ def test_joined_is_cat_of_the_chunks_and_a_tensor_as_it_is():
     assert torch.equal(joined(chunks), torch.cat(chunks))
     flat = torch.arange(4.0)
     assert joined(flat) is flat
+
+
+def test_an_item_that_requires_grad_keeps_autograds_rules():
+    """A leaf that requires grad is refused an in-place write, as torch's copy refuses it (not written by address)."""
+    leaf = torch.zeros(2, requires_grad=True)
+    copy = unpacker(torch.ones(2), [leaf])
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        copy()
+    assert torch.equal(leaf.detach(), torch.zeros(2))
