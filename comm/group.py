@@ -100,7 +100,7 @@ class Group:
         self.flight: Optional[list] = [None] * flight.RING
         self.flight_sizes: List[int] = [0] * flight.RING
         #: Each call's caller, ``(code, instruction offset)``, where ``ZEROCOMM_FLIGHT_CALLERS=1`` asks for them
-        #: (``flight.CALLERS``): then ``run`` is wrapped by the one that notes them (``_run_noting_caller``).
+        #: (``flight.callers_wanted``): then ``run`` is wrapped by the one that notes them (``_run_noting_caller``).
         self.flight_callers: Optional[list] = None
         if flight.callers_wanted():
             self.flight_callers = [None] * flight.RING
